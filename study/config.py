@@ -1,0 +1,344 @@
+"""TrialConfig: everything that defines one trial, typed, frozen and JSON round-trippable.
+
+Choices are strings (`Literal[...]`) mapped to classes in one place each (model.NORMS,
+optim.build_optimizer, rotation.build_plan). `trial_id` hashes the canonical JSON of the
+fields that change a result; `runtime` (device, threads, compile) is excluded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+NormName = Literal["layernorm", "rmsnorm", "rmsnorm_scalar"]
+OptimizerName = Literal["adam", "sgd", "rotated_adam"]
+RotationMode = Literal["none", "shared", "independent", "partial", "groups"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+
+class ModelConfig(_Frozen):
+    """Transformer shape. `{depth: n}` is shorthand for d_model = 64 n, n_layers = n_heads = n."""
+
+    d_model: int = Field(gt=0)
+    """Width of the residual stream."""
+    n_layers: int = Field(gt=0)
+    """Number of transformer blocks."""
+    n_heads: int = Field(gt=0)
+    """Attention heads per block; must divide d_model."""
+    d_mlp: int = Field(default=0, ge=0)
+    """MLP hidden width; 0 means 4 x d_model."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_depth(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "depth" in data:
+            data = dict(data)
+            depth = data.pop("depth")
+            if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
+                raise ValueError("depth must be a positive integer")
+            data.setdefault("d_model", 64 * depth)
+            data.setdefault("n_layers", depth)
+            data.setdefault("n_heads", depth)
+        return data
+
+    @model_validator(mode="after")
+    def _check_shape(self) -> ModelConfig:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if self.d_mlp == 0:
+            object.__setattr__(self, "d_mlp", 4 * self.d_model)
+        return self
+
+
+class RotationConfig(_Frozen):
+    """Rotation plan between the residual stream and each layer's computation basis.
+
+    A bare string (`none`, `shared`, `independent`) is accepted as `{mode: ...}`.
+    """
+
+    mode: RotationMode = "none"
+    """none: R = I; shared: one R for every read; independent: one R per read;
+    partial: consecutive blocks in groups of `group_size` share one R; groups: explicit."""
+    group_size: int | None = Field(default=None, gt=0)
+    """Blocks per shared-basis group (mode partial only)."""
+    groups: tuple[tuple[int, ...], ...] | None = None
+    """Explicit lists of 0-based block indices that share one R (mode groups only)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, data: Any) -> Any:
+        return {"mode": data} if isinstance(data, str) else data
+
+    @model_validator(mode="after")
+    def _check_mode(self) -> RotationConfig:
+        if self.mode == "partial" and self.group_size is None:
+            raise ValueError("mode partial needs group_size")
+        if self.mode != "partial" and self.group_size is not None:
+            raise ValueError(f"group_size only applies to mode partial, not {self.mode}")
+        if self.mode == "groups" and not self.groups:
+            raise ValueError("mode groups needs groups: a list of block-index lists")
+        if self.mode != "groups" and self.groups is not None:
+            raise ValueError(f"groups only applies to mode groups, not {self.mode}")
+        if self.groups is not None:
+            flat = [b for g in self.groups for b in g]
+            if len(flat) != len(set(flat)) or any(b < 0 for b in flat):
+                raise ValueError("groups must list distinct, non-negative block indices")
+        return self
+
+    @property
+    def label(self) -> str:
+        """Short human label: none, shared, independent, partial(2), groups[[0,1],[2]]."""
+        if self.mode == "partial":
+            return f"partial({self.group_size})"
+        if self.mode == "groups":
+            return "groups" + json.dumps([list(g) for g in self.groups or ()], separators=(",", ":"))
+        return self.mode
+
+
+class OptimizerConfig(_Frozen):
+    """Optimiser and its hyper-parameters (fields that do not apply are ignored)."""
+
+    name: OptimizerName
+    """adam (AdamW), sgd (momentum), rotated_adam (Adam moments in a fixed random basis)."""
+    lr: float = Field(gt=0)
+    """Peak learning rate."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """Adam moment decay rates."""
+    eps: float = Field(default=1e-8, gt=0)
+    """Adam denominator epsilon."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    """Decoupled weight decay (AdamW style for adam/rotated_adam)."""
+    momentum: float = Field(default=0.9, ge=0, lt=1)
+    """SGD momentum."""
+    nesterov: bool = False
+    """SGD Nesterov momentum."""
+    rotate: Literal["all", "residual"] = "residual"
+    """rotated_adam: rotate every dimension, or only those of size d_model."""
+
+    @model_validator(mode="after")
+    def _check_betas(self) -> OptimizerConfig:
+        if not all(0 <= b < 1 for b in self.betas):
+            raise ValueError("betas must lie in [0, 1)")
+        return self
+
+
+class DataConfig(_Frozen):
+    """Training corpus: exactly one of `corpus: stdlib`, `text: PATH`, `tokens: PATH`."""
+
+    corpus: Literal["stdlib"] | None = None
+    """The embedded default: the Python standard library's .py sources, byte-level."""
+    text: str | None = None
+    """A text file or a folder of text files, byte-level (vocab 256)."""
+    tokens: str | None = None
+    """A uint16/uint32 .bin or .npy token memmap (nanoGPT convention)."""
+    vocab_size: int | None = Field(default=None, gt=0)
+    """Vocabulary size; required with `tokens`, 256 otherwise."""
+    seq_len: int = Field(default=128, gt=0)
+    """Training context length."""
+    val_fraction: float = Field(default=0.05, gt=0, lt=1)
+    """Held-out share (by file for stdlib/text folders, the tail of the stream otherwise)."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DataConfig:
+        sources = [s for s in ("corpus", "text", "tokens") if getattr(self, s) is not None]
+        if not sources:
+            object.__setattr__(self, "corpus", "stdlib")
+        elif len(sources) > 1:
+            raise ValueError(f"give exactly one of corpus, text, tokens (got {', '.join(sources)})")
+        if self.tokens is not None and self.vocab_size is None:
+            raise ValueError("tokens needs vocab_size")
+        if self.tokens is None:
+            if self.vocab_size not in (None, 256):
+                raise ValueError("byte-level corpora have vocab_size 256")
+            object.__setattr__(self, "vocab_size", 256)
+        return self
+
+    @property
+    def source(self) -> str:
+        """A short description: stdlib, text:PATH or tokens:PATH."""
+        if self.text is not None:
+            return f"text:{self.text}"
+        if self.tokens is not None:
+            return f"tokens:{self.tokens}"
+        return "stdlib"
+
+
+class EvalBatchConfig(_Frozen):
+    """The fixed held-out batch every probe and val loss is measured on."""
+
+    sequences: int = Field(default=16, gt=0)
+    """Number of held-out sequences."""
+    seq_len: int | None = Field(default=None, gt=0)
+    """Length of each; defaults to the training seq_len."""
+
+
+class TrainConfig(_Frozen):
+    """Length, batch, schedule and the cadence of evals and checkpoints."""
+
+    steps: int | None = Field(default=None, gt=0)
+    """Optimiser steps (give one of steps, tokens, tokens_per_param)."""
+    tokens: int | None = Field(default=None, gt=0)
+    """Training tokens; steps = ceil(tokens / (batch_size x seq_len))."""
+    tokens_per_param: float | None = Field(default=None, gt=0)
+    """Tokens per non-embedding parameter (Chinchilla ~20)."""
+    batch_size: int = Field(default=32, gt=0)
+    """Sequences per step."""
+    lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    """Decay after warmup."""
+    warmup: float = Field(default=0.02, ge=0)
+    """Warmup length: a fraction of steps if < 1, else a number of steps."""
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
+    """Final lr as a fraction of the peak (cosine, linear)."""
+    grad_clip: float = Field(default=1.0, ge=0)
+    """Global grad-norm clip; 0 disables."""
+    eval_every: int = Field(default=100, gt=0)
+    """Steps between probes/evals (the final step is always evaluated)."""
+    eval_batch: EvalBatchConfig = EvalBatchConfig()
+    """The fixed held-out eval batch."""
+    checkpoint_every: int = Field(default=500, ge=0)
+    """Steps between checkpoints; 0 disables (the final state is still not saved)."""
+    invariance_check: bool = True
+    """At the end, rotate the residual basis and record the loss change (checks table)."""
+    diverge_factor: float = Field(default=4.0, gt=1)
+    """Loss above diverge_factor x the initial loss (or non-finite) marks the run diverged."""
+
+    @model_validator(mode="after")
+    def _one_length(self) -> TrainConfig:
+        given = [f for f in ("steps", "tokens", "tokens_per_param") if getattr(self, f) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of steps, tokens, tokens_per_param (got {given or 'none'})")
+        return self
+
+
+class RuntimeConfig(_Frozen):
+    """Where and how the trial runs. Not part of trial_id: it does not change the science."""
+
+    device: str = "auto"
+    """auto (cuda if available), cpu, cuda, cuda:N."""
+    num_threads: int = Field(default=0, ge=0)
+    """torch CPU threads; 0 leaves torch's default."""
+    compile: bool = False
+    """Wrap the model in torch.compile."""
+
+
+class TrialConfig(_Frozen):
+    """One trial: a model, norm, rotation plan, optimiser, data, schedule and seed."""
+
+    model: ModelConfig
+    """Transformer shape."""
+    norm: NormName = "layernorm"
+    """Normalisation before each read and at the end."""
+    rotation: RotationConfig = RotationConfig()
+    """Rotation plan between the residual stream and each layer's computation basis."""
+    optimizer: OptimizerConfig
+    """Optimiser and hyper-parameters."""
+    data: DataConfig = DataConfig()
+    """Corpus and context length."""
+    train: TrainConfig
+    """Length, batch, schedule, evals, checkpoints."""
+    seed: int = Field(default=0, ge=0)
+    """Seeds init, data order and every random basis."""
+    sweep: str = "adhoc"
+    """Name of the sweep this trial belongs to (not part of trial_id)."""
+    runtime: RuntimeConfig = RuntimeConfig()
+    """Device and threads (not part of trial_id)."""
+
+    @model_validator(mode="after")
+    def _check_cross(self) -> TrialConfig:
+        r, n = self.rotation, self.model.n_layers
+        if r.mode == "partial" and r.group_size is not None and r.group_size > n:
+            raise ValueError(f"rotation.group_size ({r.group_size}) must be in 1..n_layers ({n})")
+        if r.groups is not None and any(b >= n for g in r.groups for b in g):
+            raise ValueError(f"rotation.groups index out of range 0..{n - 1}")
+        if self.eval_seq_len > self.data.seq_len:
+            raise ValueError(f"train.eval_batch.seq_len ({self.eval_seq_len}) exceeds data.seq_len ({self.data.seq_len})")
+        return self
+
+    # ---- identity -------------------------------------------------------------------------
+
+    def science_json(self) -> str:
+        """Canonical JSON of everything that changes a result."""
+        payload = self.model_dump(mode="json", exclude={"runtime", "sweep"})
+        return json.dumps(payload, sort_keys=True, separators=(",", ":"))
+
+    @property
+    def trial_id(self) -> str:
+        """12-hex-digit hash of science_json()."""
+        return hashlib.sha256(self.science_json().encode()).hexdigest()[:12]
+
+    # ---- sizes ----------------------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.data.vocab_size or 256)
+
+    @property
+    def params_non_embedding(self) -> int:
+        """Exact count of block + final-norm parameters (no token/position embedding, no unembed)."""
+        d, f = self.model.d_model, self.model.d_mlp
+        norm = {"layernorm": 2 * d, "rmsnorm": d, "rmsnorm_scalar": 1}[self.norm]
+        block = 2 * norm + 4 * d * d + 2 * d * f  # two norms, qkv + out, mlp in + out (no biases)
+        return self.model.n_layers * block + norm
+
+    @property
+    def params(self) -> int:
+        """Exact total: non-embedding + token embedding + position embedding + unembedding."""
+        d = self.model.d_model
+        return self.params_non_embedding + 2 * self.vocab_size * d + self.data.seq_len * d
+
+    @property
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token: 6 (N_nonemb + d V) + 6 L T d (attention scores, causal not
+        discounted; Kaplan et al. 2020 / PaLM convention)."""
+        m = self.model
+        return 6.0 * (self.params_non_embedding + m.d_model * self.vocab_size) + 6.0 * m.n_layers * self.data.seq_len * m.d_model
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.train.batch_size * self.data.seq_len
+
+    @property
+    def total_steps(self) -> int:
+        """Optimiser steps, resolved from steps, tokens or tokens_per_param."""
+        t = self.train
+        if t.steps is not None:
+            return t.steps
+        tokens = t.tokens if t.tokens is not None else t.tokens_per_param * self.params_non_embedding
+        return max(1, math.ceil(tokens / self.tokens_per_step))
+
+    @property
+    def total_tokens(self) -> int:
+        return self.total_steps * self.tokens_per_step
+
+    @property
+    def warmup_steps(self) -> int:
+        w = self.train.warmup
+        return int(round(w * self.total_steps)) if w < 1 else int(w)
+
+    @property
+    def eval_seq_len(self) -> int:
+        return self.train.eval_batch.seq_len or self.data.seq_len
+
+    def flat(self) -> dict[str, Any]:
+        """The grid axes as flat columns for the runs table."""
+        o = self.optimizer
+        return {
+            "d_model": self.model.d_model, "n_layers": self.model.n_layers,
+            "n_heads": self.model.n_heads, "d_mlp": self.model.d_mlp,
+            "params": self.params, "params_non_embedding": self.params_non_embedding,
+            "flops_per_token": self.flops_per_token,
+            "optimizer": o.name, "lr": o.lr, "weight_decay": o.weight_decay,
+            "momentum": o.momentum if o.name == "sgd" else None,
+            "rotate": o.rotate if o.name == "rotated_adam" else None,
+            "norm": self.norm, "rotation": self.rotation.mode,
+            "group_size": self.rotation.group_size, "rotation_label": self.rotation.label,
+            "seed": self.seed, "corpus": self.data.source, "seq_len": self.data.seq_len,
+            "batch_size": self.train.batch_size,
+        }
