@@ -1,0 +1,330 @@
+"""train(cfg, sink) -> RunSummary: one trial, top to bottom.
+
+Logging is injected: a `Sink` receives rows shaped like the results store's tables (runs,
+metrics, curves, checks), so this module never imports Ray. Exactly-once bookkeeping is the
+sink's job; the loop tells it where a run (re)starts (`begin`) and when rows up to a step must
+be durable (`flush`, always before the checkpoint that covers them is written).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from study.config import TrialConfig
+from study.data import eval_batch, load_corpus, sample_batch
+from study.invariance import loss_change_by_dtype
+from study.metrics import ActivationProbe
+from study.model import Transformer
+from study.optim import build_optimizer
+from study.rotation import generator_for
+
+CHECKPOINT_FILE = "checkpoint.pt"
+
+
+class Sink(Protocol):
+    """Where a trial's rows go. Rows carry no trial_id; the sink adds it."""
+
+    def begin(self, resume_step: int | None) -> None:
+        """A run starts fresh (None: drop every earlier row) or resumes after `resume_step`
+        (drop rows with a larger step)."""
+
+    def metrics(self, rows: list[dict]) -> None: ...
+    def curves(self, rows: list[dict]) -> None: ...
+    def checks(self, rows: list[dict]) -> None: ...
+
+    def flush(self, step: int) -> None:
+        """Make every row so far durable (called before each checkpoint and at the end)."""
+
+    def checkpoint(self, step: int, directory: Path) -> None:
+        """A checkpoint covering steps <= `step` now lies in `directory`."""
+
+    def progress(self, info: dict) -> None:
+        """Live progress after each eval (step, loss, kurtosis, ...)."""
+
+    def run(self, row: dict) -> None:
+        """The runs row, written last: it marks the trial finished."""
+
+
+@dataclass
+class MemorySink:
+    """Keeps every row in memory: for tests, notebooks and `sweep train --no-store`."""
+
+    metric_rows: list[dict] = field(default_factory=list)
+    curve_rows: list[dict] = field(default_factory=list)
+    check_rows: list[dict] = field(default_factory=list)
+    run_row: dict | None = None
+    progress_log: list[dict] = field(default_factory=list)
+
+    def begin(self, resume_step: int | None) -> None:
+        keep = (lambda r: False) if resume_step is None else (lambda r: r["step"] <= resume_step)
+        self.metric_rows = [r for r in self.metric_rows if keep(r)]
+        self.curve_rows = [r for r in self.curve_rows if keep(r)]
+        self.check_rows, self.run_row = [], None
+
+    def metrics(self, rows: list[dict]) -> None:
+        self.metric_rows += rows
+
+    def curves(self, rows: list[dict]) -> None:
+        self.curve_rows += rows
+
+    def checks(self, rows: list[dict]) -> None:
+        self.check_rows += rows
+
+    def flush(self, step: int) -> None:
+        pass
+
+    def checkpoint(self, step: int, directory: Path) -> None:
+        pass
+
+    def progress(self, info: dict) -> None:
+        self.progress_log.append(info)
+
+    def run(self, row: dict) -> None:
+        self.run_row = row
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    trial_id: str
+    status: str  # done | diverged
+    steps: int
+    tokens: int
+    final_train_loss: float
+    final_val_loss: float
+    tokens_per_s: float
+    wall_s: float
+
+
+class StopTraining(Exception):
+    """Raised by a sink (e.g. a test simulating a crash, or a stopped Ray trial) to end early."""
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+
+def resolve_device(spec: str) -> torch.device:
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(spec)
+
+
+def lr_at(cfg: TrialConfig, step: int) -> float:
+    """Peak lr times warmup (linear from 0) then cosine/linear decay to min_lr_ratio."""
+    peak, total, warm = cfg.optimizer.lr, cfg.total_steps, cfg.warmup_steps
+    if step < warm:
+        return peak * (step + 1) / warm
+    if cfg.train.lr_schedule == "constant" or total <= warm:
+        return peak
+    frac = (step - warm) / max(1, total - warm)
+    floor = cfg.train.min_lr_ratio
+    shape = 0.5 * (1 + math.cos(math.pi * frac)) if cfg.train.lr_schedule == "cosine" else 1 - frac
+    return peak * (floor + (1 - floor) * shape)
+
+
+@cache
+def code_version() -> tuple[str, str]:
+    """(package version, git sha or '') of the code that ran."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        pkg = version("privileged-bases-sweep")
+    except PackageNotFoundError:
+        pkg = "unknown"
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=Path(__file__).parent,
+            capture_output=True, text=True, timeout=5,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        sha = ""
+    return pkg, sha
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def save_checkpoint(directory: Path, state: dict[str, Any]) -> None:
+    """Atomic: write a temp file, then rename over the previous checkpoint."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / (CHECKPOINT_FILE + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, directory / CHECKPOINT_FILE)
+
+
+def find_checkpoint(directory: Path | None) -> Path | None:
+    if directory is None:
+        return None
+    path = Path(directory) / CHECKPOINT_FILE
+    return path if path.exists() else None
+
+
+# ---- the loop --------------------------------------------------------------------------------
+
+
+def train(
+    cfg: TrialConfig,
+    sink: Sink | None = None,
+    *,
+    checkpoint_dir: Path | None = None,
+    resume_from: Path | None = None,
+) -> RunSummary:
+    """Train one trial. Checkpoints go to `checkpoint_dir`; `resume_from` (a directory holding
+    a checkpoint; defaults to checkpoint_dir) continues an interrupted run exactly."""
+    sink = sink if sink is not None else MemorySink()
+    t_start = time.perf_counter()
+
+    # -- setup: threads, device, precision
+    if cfg.runtime.num_threads:
+        torch.set_num_threads(cfg.runtime.num_threads)
+    device = resolve_device(cfg.runtime.device)
+    on_cuda = device.type == "cuda"
+    if on_cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=on_cuda)
+
+    # -- data, model, optimiser, probe
+    corpus = load_corpus(cfg.data)
+    x_eval, y_eval = eval_batch(corpus, cfg.train.eval_batch.sequences, cfg.eval_seq_len, device)
+    model = Transformer.from_config(cfg).to(device)
+    optimizer = build_optimizer(cfg, model)
+    step_model = torch.compile(model) if cfg.runtime.compile else model
+    probe = ActivationProbe(model, cfg.seed)
+    data_gen = generator_for(cfg.seed, "data")
+
+    # -- resume
+    step, wall_before, initial_loss = 0, 0.0, None
+    ckpt = find_checkpoint(resume_from if resume_from is not None else checkpoint_dir)
+    if ckpt is not None:
+        state = torch.load(ckpt, map_location=device, weights_only=False)
+        if state["trial_id"] != cfg.trial_id:
+            raise ValueError(f"checkpoint {ckpt} belongs to trial {state['trial_id']}, not {cfg.trial_id}")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        data_gen.set_state(state["data_rng"])
+        step, wall_before, initial_loss = state["step"], state["wall_s"], state["initial_loss"]
+        sink.begin(step)
+    else:
+        sink.begin(None)
+
+    total, tps = cfg.total_steps, cfg.tokens_per_step
+    status, train_loss, val_loss, tokens_per_s = "done", float("nan"), float("nan"), 0.0
+    losses = torch.zeros(total + 1, device=device)  # per-step, read back once per eval
+    grad_norms = torch.zeros(total + 1, device=device)
+    last_logged, train_time, interval_start = step, 0.0, time.perf_counter()
+
+    def evaluate(at: int) -> bool:
+        """Probe + curves since the last eval, one readback each. False when diverged."""
+        nonlocal last_logged, val_loss, train_loss, initial_loss, tokens_per_s, train_time, interval_start
+        interval = time.perf_counter() - interval_start
+        model.eval()
+        with autocast:
+            result = probe.run(x_eval, y_eval)
+        model.train()
+        val_loss = result.val_loss
+        if initial_loss is None:
+            initial_loss = val_loss
+        new = range(last_logged + 1, at + 1)
+        train_hist = losses[last_logged + 1 : at + 1].tolist()
+        gn_hist = grad_norms[last_logged + 1 : at + 1].tolist()
+        tokens_per_s = len(new) * tps / interval if len(new) and interval > 0 else tokens_per_s
+        train_time += interval
+        rows = [
+            {"step": s, "tokens": s * tps, "train_loss": l, "val_loss": None, "lr": lr_at(cfg, s - 1),
+             "grad_norm": g, "tokens_per_s": tokens_per_s}
+            for s, l, g in zip(new, train_hist, gn_hist)
+        ]
+        if rows:
+            rows[-1]["val_loss"] = val_loss
+            train_loss = rows[-1]["train_loss"]
+        else:  # the initial eval: a curve point with only the val loss
+            rows = [{"step": at, "tokens": at * tps, "train_loss": None, "val_loss": val_loss,
+                     "lr": lr_at(cfg, at), "grad_norm": None, "tokens_per_s": None}]
+        sink.curves(rows)
+        sink.metrics([{"step": at, "tokens": at * tps, **r} for r in result.rows])
+        last_logged = at
+        resid = [r["value"] for r in result.rows
+                 if r["site"] == "resid" and r["basis"] == "stored" and r["metric"] == "kurtosis"]
+        sink.progress({"step": at, "total_steps": total, "train_loss": train_loss, "val_loss": val_loss,
+                       "resid_kurtosis_mean": sum(resid) / max(1, len(resid)), "tokens_per_s": tokens_per_s})
+        finite = all(math.isfinite(v) for v in train_hist + [val_loss])
+        exploded = val_loss > cfg.train.diverge_factor * initial_loss
+        interval_start = time.perf_counter()
+        return finite and not exploded
+
+    if step == 0:
+        evaluate(0)
+
+    # -- the train loop: no host sync inside a step
+    model.train()
+    while step < total:
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(cfg, step)
+        x, y = sample_batch(corpus.train, cfg.train.batch_size, cfg.data.seq_len, data_gen, device)
+        with autocast:
+            _, loss = step_model(x, y)
+        loss.backward()
+        if cfg.train.grad_clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+        else:
+            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None]))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        losses[step] = loss.detach()
+        grad_norms[step] = norm.detach()
+
+        # -- eval, checkpoint
+        if step % cfg.train.eval_every == 0 or step == total:
+            if not evaluate(step):
+                status = "diverged"
+                break
+        if checkpoint_dir is not None and cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0 and step < total:
+            if last_logged != step:
+                evaluate(step)  # rows must reach the checkpoint's step before it is written
+            sink.flush(step)
+            save_checkpoint(Path(checkpoint_dir), {
+                "trial_id": cfg.trial_id, "step": step, "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(), "data_rng": data_gen.get_state(),
+                "wall_s": wall_before + time.perf_counter() - t_start, "initial_loss": initial_loss,
+            })
+            sink.checkpoint(step, Path(checkpoint_dir))
+
+    # -- the end: invariance check, runs row
+    if status == "done" and cfg.train.invariance_check:
+        sink.checks(loss_change_by_dtype(model, x_eval, y_eval, cfg.seed))
+    sink.flush(step)
+    wall = wall_before + time.perf_counter() - t_start
+    summary = RunSummary(
+        trial_id=cfg.trial_id, status=status, steps=step, tokens=step * tps,
+        final_train_loss=train_loss, final_val_loss=val_loss,
+        tokens_per_s=(step - (state["step"] if ckpt else 0)) * tps / train_time if train_time > 0 else 0.0,
+        wall_s=wall,
+    )
+    sink.run(run_row(cfg, summary, device, corpus.fingerprint))
+    return summary
+
+
+def run_row(cfg: TrialConfig, summary: RunSummary, device: torch.device | str, fingerprint: str,
+            error: str | None = None) -> dict:
+    """The runs-table row: identity, every grid axis flat, results, environment."""
+    pkg, sha = code_version()
+    return {
+        "trial_id": cfg.trial_id, "sweep": cfg.sweep, **cfg.flat(), **asdict(summary),
+        "device": device_name(device) if isinstance(device, torch.device) else device,
+        "torch_version": torch.__version__, "version": pkg, "git_sha": sha,
+        "corpus_fingerprint": fingerprint, "error": error, "config_json": cfg.model_dump_json(),
+    }
