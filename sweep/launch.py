@@ -1,0 +1,129 @@
+"""run_sweep: the trials not yet complete -> Ray Tune -> the results store."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from study.config import TrialConfig
+from sweep.spec import SpecError, SweepSpec
+from sweep.store import ResultsStore
+
+
+@dataclass(frozen=True)
+class SweepOutcome:
+    """What a run did: trials already complete, launched, and the final status of each."""
+
+    total: int
+    skipped: int
+    launched: int
+    statuses: dict[str, str]
+    wall_s: float
+
+    @property
+    def failed(self) -> list[str]:
+        return [t for t, s in self.statuses.items() if s in ("failed", "diverged")]
+
+    @property
+    def missing(self) -> list[str]:
+        """Launched trials with no runs row at all (killed before they could write one)."""
+        return [t for t, s in self.statuses.items() if s == "missing"]
+
+
+def resolve_results(results: str | Path) -> str:
+    """Absolute local path (trials chdir into Ray's folders) or a URI unchanged."""
+    results = str(results)
+    return results if "://" in results else str(Path(results).expanduser().resolve())
+
+
+def _init_ray(address: str | None, num_cpus: int | None):
+    import ray
+
+    if ray.is_initialized():
+        return ray
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=False, configure_logging=False)
+    else:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+    return ray
+
+
+def check_resources(ray, demands: dict[str, dict[str, float]]) -> None:
+    """Fail before starting when a trial asks for more than any node has."""
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    best = {k: max((n.get(k, 0.0) for n in nodes), default=0.0) for k in ("CPU", "GPU")}
+    for trial_id, want in demands.items():
+        if want["cpu"] > best["CPU"] or want["gpu"] > best["GPU"]:
+            raise SpecError(
+                f"resources: trial {trial_id} needs cpu={want['cpu']:g} gpu={want['gpu']:g}, but the "
+                f"largest node has cpu={best['CPU']:g} gpu={best['GPU']:g}")
+
+
+def run_sweep(
+    spec: SweepSpec,
+    trials: list[TrialConfig],
+    results: str | Path,
+    *,
+    address: str | None = None,
+    max_concurrent: int | None = None,
+    num_cpus: int | None = None,
+    on_start: Callable[[list[TrialConfig]], list | None] | None = None,
+) -> SweepOutcome:
+    """Run every trial of `trials` not yet complete in the store, on a local or remote Ray.
+    `on_start(todo)` sees the trials about to run and may return Ray Tune callbacks."""
+    t0 = time.perf_counter()
+    results = resolve_results(results)
+    store = ResultsStore(results, spec.name)
+    done = store.completed_ids()
+    todo = [t for t in trials if t.trial_id not in done]
+    callbacks = on_start(todo) if on_start is not None else None
+    if not todo:
+        return SweepOutcome(len(trials), len(trials), 0, {}, time.perf_counter() - t0)
+
+    ray = _init_ray(address, num_cpus)
+    from ray import tune
+
+    from sweep.trainable import run_trial
+
+    demands = {t.trial_id: spec.resources.for_params(t.params) for t in todo}
+    check_resources(ray, demands)
+
+    def resources(config: dict):
+        want = config["resources"]
+        return tune.PlacementGroupFactory([{"CPU": want["cpu"], "GPU": want["gpu"]}])
+
+    param_space = {
+        "results": results,
+        "point": tune.grid_search([
+            {"trial": t.model_dump_json(), "trial_id": t.trial_id, "resources": demands[t.trial_id]}
+            for t in todo
+        ]),
+    }
+
+    tuner = tune.Tuner(
+        tune.with_resources(run_trial, lambda config: resources(config["point"])),
+        param_space=param_space,
+        tune_config=tune.TuneConfig(
+            max_concurrent_trials=max_concurrent,
+            trial_name_creator=lambda trial: trial.config["point"]["trial_id"],
+            trial_dirname_creator=lambda trial: trial.config["point"]["trial_id"],
+        ),
+        run_config=tune.RunConfig(
+            name=time.strftime("run-%Y%m%d-%H%M%S"),
+            storage_path=f"{results}/{spec.name}/ray",
+            failure_config=tune.FailureConfig(max_failures=spec.retries),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+            callbacks=callbacks or [],
+            verbose=0,
+        ),
+    )
+    tuner.fit()
+    statuses = store.statuses()
+    launched = {t.trial_id: statuses.get(t.trial_id, "missing") for t in todo}
+    return SweepOutcome(len(trials), len(trials) - len(todo), len(todo), launched, time.perf_counter() - t0)

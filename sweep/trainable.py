@@ -1,0 +1,66 @@
+"""The Ray Tune function trainable: rebuild the TrialConfig, train it into the store."""
+
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+
+from ray import tune
+
+from study.config import TrialConfig
+from study.train import RunSummary, run_row, train
+from sweep.store import ResultsStore, StoreSink
+
+
+class TuneSink(StoreSink):
+    """A StoreSink that also reports progress and checkpoints to Ray Tune."""
+
+    def progress(self, info: dict) -> None:
+        tune.report({"trial_id": self.trial_id, **info})
+
+    def checkpoint(self, step: int, directory: Path) -> None:
+        tune.report({"trial_id": self.trial_id, "step": step, "checkpoint_step": step},
+                    checkpoint=tune.Checkpoint.from_directory(str(directory)))
+
+
+def failed_row(cfg: TrialConfig, error: str) -> dict:
+    nan = float("nan")
+    summary = RunSummary(trial_id=cfg.trial_id, status="failed", steps=0, tokens=0, final_train_loss=nan,
+                         final_val_loss=nan, tokens_per_s=nan, wall_s=nan)
+    return run_row(cfg, summary, "unknown", "", error=error)
+
+
+def train_trial(cfg: TrialConfig, store: ResultsStore, sink: StoreSink, resume_from: Path | None = None,
+                checkpoint_dir: Path | None = None) -> RunSummary:
+    """Train one trial into the store; on an exception write a `failed` runs row (with the error's
+    last line) and re-raise, so a retry (which resumes and overwrites it) or the user sees it."""
+    trial_dir = store.trial_dir(cfg.trial_id)
+    if trial_dir is not None:
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        (trial_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+        checkpoint_dir = checkpoint_dir or trial_dir
+    try:
+        return train(cfg, sink, checkpoint_dir=checkpoint_dir, resume_from=resume_from)
+    except Exception as exc:
+        lines = traceback.format_exception_only(exc)
+        store.write_run(failed_row(cfg, "".join(lines).strip()))
+        raise
+
+
+def run_trial(config: dict) -> None:
+    """Ray Tune entry point. `config` = {"results": root, "point": {"trial": TrialConfig JSON, ...}}."""
+    cfg = TrialConfig.model_validate_json(config["point"]["trial"])
+    store = ResultsStore(config["results"], cfg.sweep)
+    sink = TuneSink(store, cfg.trial_id)
+    local_dir = store.trial_dir(cfg.trial_id)
+    checkpoint = tune.get_checkpoint()
+    if local_dir is not None or checkpoint is None:
+        # A local store keeps the newest checkpoint in the trial folder: resume from it directly.
+        scratch = None if local_dir is not None else Path(tune.get_context().get_trial_dir()) / "checkpoint"
+        summary = train_trial(cfg, store, sink, checkpoint_dir=scratch)
+    else:
+        with checkpoint.as_directory() as restored:
+            scratch = Path(tune.get_context().get_trial_dir()) / "checkpoint"
+            summary = train_trial(cfg, store, sink, resume_from=Path(restored), checkpoint_dir=scratch)
+    tune.report({"trial_id": cfg.trial_id, "status": summary.status, "step": summary.steps,
+                 "total_steps": cfg.total_steps, "val_loss": summary.final_val_loss, "finished": True})

@@ -1,0 +1,69 @@
+import pytest
+from pydantic import ValidationError
+
+from study.config import ModelConfig, RotationConfig, TrialConfig
+
+
+def make(**kw):
+    base = dict(model={"d_model": 64, "n_layers": 2, "n_heads": 2}, optimizer={"name": "adam", "lr": 1e-3},
+                train={"steps": 10})
+    base.update(kw)
+    return TrialConfig(**base)
+
+
+def test_depth_shorthand():
+    m = ModelConfig(depth=3)
+    assert (m.d_model, m.n_layers, m.n_heads, m.d_mlp) == (192, 3, 3, 768)
+
+
+def test_json_round_trip_and_frozen():
+    cfg = make(rotation={"mode": "partial", "group_size": 2}, norm="rmsnorm_scalar")
+    again = TrialConfig.model_validate_json(cfg.model_dump_json())
+    assert again == cfg and again.trial_id == cfg.trial_id
+    with pytest.raises(ValidationError):
+        cfg.seed = 3
+
+
+def test_trial_id_ignores_runtime_and_sweep_but_not_science():
+    cfg = make()
+    assert make(runtime={"device": "cpu", "num_threads": 4}, sweep="x").trial_id == cfg.trial_id
+    assert make(seed=1).trial_id != cfg.trial_id
+    assert make(optimizer={"name": "adam", "lr": 2e-3}).trial_id != cfg.trial_id
+
+
+@pytest.mark.parametrize("norm,per_norm", [("layernorm", 128), ("rmsnorm", 64), ("rmsnorm_scalar", 1)])
+def test_param_count_formula(norm, per_norm):
+    cfg = make(norm=norm)
+    d, f, L, V, T = 64, 256, 2, 256, cfg.data.seq_len
+    non_emb = L * (2 * per_norm + 4 * d * d + 2 * d * f) + per_norm
+    assert cfg.params_non_embedding == non_emb
+    assert cfg.params == non_emb + 2 * V * d + T * d
+
+
+def test_steps_from_tokens_per_param():
+    cfg = make(train={"tokens_per_param": 20, "batch_size": 4})
+    assert cfg.total_steps == -(-20 * cfg.params_non_embedding // (4 * cfg.data.seq_len))
+
+
+@pytest.mark.parametrize("bad,field", [
+    (dict(model={"d_model": 30, "n_layers": 2, "n_heads": 4}), "model"),
+    (dict(optimizer={"name": "adam", "lr": 0}), "optimizer.lr"),
+    (dict(optimizer={"name": "adamw", "lr": 1e-3}), "optimizer.name"),
+    (dict(norm="batchnorm"), "norm"),
+    (dict(rotation={"mode": "partial"}), "rotation"),
+    (dict(rotation={"mode": "partial", "group_size": 3}), "rotation.group_size"),
+    (dict(train={"steps": 10, "tokens": 100}), "train"),
+    (dict(train={"steps": 10, "learning_rate": 1}), "train.learning_rate"),
+])
+def test_bad_configs_name_the_field(bad, field):
+    with pytest.raises(ValidationError) as info:
+        make(**bad)
+    text = str(info.value)
+    assert field.split(".")[0] in text
+    if "." in field and "group_size" not in field:
+        assert field in text
+
+
+def test_rotation_string_shorthand_and_label():
+    assert RotationConfig.model_validate("shared").mode == "shared"
+    assert RotationConfig(mode="partial", group_size=2).label == "partial(2)"
