@@ -59,7 +59,7 @@ SCHEMAS: dict[str, pa.Schema] = {
 }
 
 FINISHED = ("done", "diverged")
-_PART = re.compile(r"^(?P<trial>[0-9a-f]+)\.(?P<first>\d+)-(?P<last>\d+)\.parquet$")
+_PART = re.compile(r"^(?P<trial>.+)\.(?P<first>\d+)-(?P<last>\d+)\.parquet$")
 
 
 def _to_table(name: str, rows: list[dict]) -> pa.Table:

@@ -1,0 +1,81 @@
+import polars as pl
+
+from sweep.store import SCHEMAS, ResultsStore
+
+
+def metric_rows(steps):
+    return [{"step": s, "tokens": 10 * s, "layer": l, "site": "resid", "basis": "stored", "metric": "kurtosis",
+             "value": 3.0 + s} for s in steps for l in range(2)]
+
+
+def curve_rows(steps):
+    return [{"step": s, "tokens": 10 * s, "train_loss": 1.0, "val_loss": None, "lr": 0.1, "grad_norm": 1.0,
+             "tokens_per_s": 5.0} for s in steps]
+
+
+def test_parts_are_plain_parquet_globs(tmp_path):
+    store = ResultsStore(tmp_path, "s")
+    sink = store.sink("abc123")
+    sink.begin(None)
+    sink.metrics(metric_rows([0, 10]))
+    sink.curves(curve_rows(range(1, 11)))
+    sink.flush(10)
+    sink.metrics(metric_rows([20]))
+    sink.flush(20)
+    sink.checks([{"check": "rotate_residual_basis", "dtype": "float64", "value": 1e-12}])
+    sink.flush(20)
+    sink.run({"trial_id": "abc123", "sweep": "s", "status": "done", "d_model": 8})
+    metrics = pl.scan_parquet(str(tmp_path / "s" / "metrics" / "*.parquet")).collect()
+    assert metrics.height == 6 and metrics["trial_id"].unique().to_list() == ["abc123"]
+    assert set(metrics.columns) == set(SCHEMAS["metrics"].names)
+    curves = pl.read_parquet(tmp_path / "s" / "curves" / "*.parquet")
+    assert curves["val_loss"].dtype == pl.Float64 and curves["val_loss"].null_count() == 10
+    assert store.read("checks")["value"].to_list() == [1e-12]
+    assert store.completed_ids() == {"abc123"}
+    assert not list((tmp_path / "s").rglob(".tmp-*"))
+
+
+def test_resume_discards_rows_after_the_checkpoint_exactly_once(tmp_path):
+    store = ResultsStore(tmp_path, "s")
+    sink = store.sink("t1")
+    sink.begin(None)
+    sink.metrics(metric_rows([0, 10]))
+    sink.flush(10)                       # checkpoint at 10
+    sink.metrics(metric_rows([20]))
+    sink.flush(20)                       # crash after the rows of 20, before its checkpoint
+    resumed = store.sink("t1")
+    resumed.begin(10)                    # restart from the checkpoint at 10
+    resumed.metrics(metric_rows([20, 30]))
+    resumed.flush(30)
+    steps = store.read("metrics").group_by("step").len().sort("step")
+    assert steps.to_dicts() == [{"step": s, "len": 2} for s in (0, 10, 20, 30)]
+    fresh = store.sink("t1")
+    fresh.begin(None)                    # a restart from scratch drops everything
+    assert store.read("metrics").height == 0
+
+
+def test_failed_trials_are_not_complete_and_statuses(tmp_path):
+    store = ResultsStore(tmp_path, "s")
+    store.write_run({"trial_id": "a", "status": "done"})
+    store.write_run({"trial_id": "b", "status": "failed", "error": "boom"})
+    store.write_run({"trial_id": "c", "status": "diverged"})
+    assert store.completed_ids() == {"a", "c"}
+    assert store.statuses()["b"] == "failed"
+    store.write_run({"trial_id": "b", "status": "done"})  # a retry overwrites, never doubles
+    assert store.read("runs").height == 3
+
+
+def test_uri_store_through_pyarrow_filesystem(tmp_path):
+    store = ResultsStore(f"file://{tmp_path}", "remote")
+    assert not store.local and store.trial_dir("x") is None
+    store.write_part("metrics", "x", metric_rows([0]))
+    store.write_run({"trial_id": "x", "status": "done"})
+    assert ResultsStore(tmp_path, "remote").read("metrics").height == 2
+    assert store.completed_ids() == {"x"}
+
+
+def test_empty_store_reads_typed_empty_tables(tmp_path):
+    store = ResultsStore(tmp_path, "none")
+    assert not store.exists()
+    assert store.read("runs").schema["trial_id"] == pl.String
+    assert store.completed_ids() == set()
