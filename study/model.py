@@ -1,0 +1,220 @@
+"""A small pre-norm GPT whose layers may compute in a rotated basis of the residual stream.
+
+Block l (row vectors, x is (B, T, C)):
+
+    x = x + write_attn(attn(attn_norm(read_attn(x))))
+    x = x + write_mlp(mlp(mlp_norm(read_mlp(x))))
+
+read = Rotate(R) computes x @ R, write = Rotate(R^T); without a rotation both are nn.Identity(),
+so every variant is the same residual equation. The attribute names are an interface: the
+activation probe hooks `blocks[i].attn_norm` / `.mlp_norm` (normalised inputs in the computation
+basis), `blocks[i].mlp.act` (neuron basis) and each Block's output (residual after block i).
+
+No biases in Linear layers, untied unembedding, learned positions, GELU, causal SDPA.
+Construction never touches torch's global RNG: weights are drawn from
+`generator_for(seed, "init")` (in float64, then cast, so a float32 and a float64 model built
+from one seed hold the same numbers up to rounding).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn.utils import skip_init
+
+from study.config import TrialConfig
+from study.rotation import Plan, build_plan, generator_for
+
+EPS = 1e-5
+
+
+# ---- norms --------------------------------------------------------------------------------
+
+
+class LayerNorm(nn.Module):
+    """Subtract the mean, divide by the std, per-coordinate gain and bias (basis-dependent)."""
+
+    def __init__(self, d: int, dtype: torch.dtype | None = None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(d, dtype=dtype))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, EPS)
+
+
+class RMSNorm(nn.Module):
+    """Divide by the RMS, per-coordinate gain (basis-dependent through the gain)."""
+
+    def __init__(self, d: int, dtype: torch.dtype | None = None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d, dtype=dtype))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * self.weight
+
+
+class ScalarRMSNorm(nn.Module):
+    """Divide by the RMS, ONE learned scalar gain: exactly rotation-invariant (the paper's)."""
+
+    def __init__(self, d: int, dtype: torch.dtype | None = None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(1, dtype=dtype))  # shape (1,), not (), for optimisers
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * self.weight
+
+
+NORMS: dict[str, type[nn.Module]] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm, "rmsnorm_scalar": ScalarRMSNorm}
+
+
+# ---- rotation -----------------------------------------------------------------------------
+
+
+class Rotate(nn.Module):
+    """Multiply by a fixed orthogonal matrix: x @ matrix. A buffer: saved, cast and moved, never trained."""
+
+    def __init__(self, matrix: Tensor):
+        super().__init__()
+        self.register_buffer("matrix", matrix.detach().clone())
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x @ self.matrix  # (B, T, C) @ (C, C)
+
+
+def read_write(r: Tensor | None, dtype: torch.dtype) -> tuple[nn.Module, nn.Module]:
+    """The read/write pair for one layer: (Rotate(R), Rotate(R^T)), or two identities."""
+    if r is None:
+        return nn.Identity(), nn.Identity()
+    return Rotate(r.to(dtype)), Rotate(r.T.to(dtype))
+
+
+def linear(d_in: int, d_out: int, dtype: torch.dtype) -> nn.Linear:
+    """An unbiased Linear left uninitialised (no global RNG); Transformer.init_weights fills it."""
+    return skip_init(nn.Linear, d_in, d_out, bias=False, dtype=dtype)
+
+
+# ---- layers -------------------------------------------------------------------------------
+
+
+class Attention(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, dtype: torch.dtype):
+        super().__init__()
+        self.n_heads = n_heads
+        self.qkv = linear(d_model, 3 * d_model, dtype)  # reads the normalised input
+        self.proj = linear(d_model, d_model, dtype)  # writes towards the residual stream
+
+    def forward(self, x: Tensor) -> Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
+        q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))  # (B, T, C)
+
+
+class MLP(nn.Module):
+    def __init__(self, d_model: int, d_mlp: int, dtype: torch.dtype):
+        super().__init__()
+        self.fc = linear(d_model, d_mlp, dtype)  # reads the normalised input
+        self.act = nn.GELU()  # its output is the neuron-basis activation
+        self.proj = linear(d_mlp, d_model, dtype)  # writes towards the residual stream
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(self.act(self.fc(x)))  # (B, T, C) -> (B, T, F) -> (B, T, C)
+
+
+class Block(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, d_mlp: int, norm: str, rotations: tuple[Tensor | None, Tensor | None], dtype: torch.dtype):
+        super().__init__()
+        r_attn, r_mlp = rotations
+        self.read_attn, self.write_attn = read_write(r_attn, dtype)
+        self.attn_norm = NORMS[norm](d_model, dtype)
+        self.attn = Attention(d_model, n_heads, dtype)
+        self.read_mlp, self.write_mlp = read_write(r_mlp, dtype)
+        self.mlp_norm = NORMS[norm](d_model, dtype)
+        self.mlp = MLP(d_model, d_mlp, dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.write_attn(self.attn(self.attn_norm(self.read_attn(x))))  # (B, T, C)
+        x = x + self.write_mlp(self.mlp(self.mlp_norm(self.read_mlp(x))))  # (B, T, C)
+        return x
+
+
+# ---- model --------------------------------------------------------------------------------
+
+
+class Transformer(nn.Module):
+    """Pre-norm GPT. `plan` is rotation.build_plan's output (None: no rotations anywhere)."""
+
+    def __init__(
+        self,
+        *,
+        vocab_size: int,
+        seq_len: int,
+        d_model: int,
+        n_layers: int,
+        n_heads: int,
+        d_mlp: int,
+        norm: str = "layernorm",
+        plan: Plan | None = None,
+        seed: int = 0,
+        dtype: torch.dtype = torch.float32,
+    ):
+        super().__init__()
+        if norm not in NORMS:
+            raise ValueError(f"norm must be one of {sorted(NORMS)}, not {norm!r}")
+        plan = plan if plan is not None else [(None, None)] * n_layers
+        if len(plan) != n_layers:
+            raise ValueError(f"rotation plan has {len(plan)} entries for {n_layers} blocks")
+        self.seq_len = seq_len
+        self.tok_emb = skip_init(nn.Embedding, vocab_size, d_model, dtype=dtype)
+        self.pos_emb = skip_init(nn.Embedding, seq_len, d_model, dtype=dtype)
+        self.blocks = nn.ModuleList(Block(d_model, n_heads, d_mlp, norm, plan[l], dtype) for l in range(n_layers))
+        self.final_norm = NORMS[norm](d_model, dtype)
+        self.unembed = linear(d_model, vocab_size, dtype)
+        self.init_weights(generator_for(seed, "init"))
+
+    @classmethod
+    def from_config(cls, cfg: TrialConfig, dtype: torch.dtype = torch.float32) -> Transformer:
+        """The trial's model: shape, norm, rotation plan and init, all from cfg (seed included)."""
+        m = cfg.model
+        plan = build_plan(cfg.rotation, m.n_layers, m.d_model, cfg.seed)
+        return cls(vocab_size=cfg.vocab_size, seq_len=cfg.data.seq_len, d_model=m.d_model, n_layers=m.n_layers,
+                   n_heads=m.n_heads, d_mlp=m.d_mlp, norm=cfg.norm, plan=plan, seed=cfg.seed, dtype=dtype)
+
+    @torch.no_grad()
+    def init_weights(self, generator: torch.Generator) -> None:
+        """GPT-2 init: N(0, 0.02) everywhere, write maps (attn/mlp proj) N(0, 0.02 / sqrt(2 L)); norms 1/0.
+
+        Draws in float64 on the CPU from `generator`, in a fixed order, then copies in.
+        """
+        out_std = 0.02 / math.sqrt(2 * len(self.blocks))
+        for name, p in self.named_parameters():
+            if "norm" in name:
+                p.fill_(0.0 if name.endswith("bias") else 1.0)
+                continue
+            std = out_std if name.endswith("proj.weight") else 0.02
+            p.copy_(torch.empty(p.shape, dtype=torch.float64).normal_(0.0, std, generator=generator))
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Parameter count; non_embedding drops token/position embeddings and the unembedding."""
+        skip = {"tok_emb.weight", "pos_emb.weight", "unembed.weight"} if non_embedding else set()
+        return sum(p.numel() for n, p in self.named_parameters() if n not in skip)
+
+    def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        B, T = idx.shape
+        if T > self.seq_len:
+            raise ValueError(f"sequence length {T} exceeds the model's {self.seq_len}")
+        pos = torch.arange(T, device=idx.device)
+        x = self.tok_emb(idx) + self.pos_emb(pos)  # (B, T, C): layer 0 of the residual stream
+        for block in self.blocks:
+            x = block(x)  # (B, T, C)
+        logits = self.unembed(self.final_norm(x))  # (B, T, V)
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            logits = logits.float()
+        loss = None if targets is None else F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T))
+        return logits, loss

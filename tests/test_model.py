@@ -1,0 +1,218 @@
+"""The Transformer: exact sizes, shapes, init, the attribute interface, and rotation placement."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+
+from study.config import TrialConfig
+from study.model import NORMS, LayerNorm, RMSNorm, Rotate, ScalarRMSNorm, Transformer
+from study.rotation import generator_for
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models: one intra-op thread is fastest and immune to oversubscribed shared CPUs."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+L = 4
+NORM_NAMES = ["layernorm", "rmsnorm", "rmsnorm_scalar"]
+ROTATIONS = {
+    "none": "none",
+    "shared": "shared",
+    "independent": "independent",
+    "partial1": {"mode": "partial", "group_size": 1},
+    "partial2": {"mode": "partial", "group_size": 2},
+    "partialL": {"mode": "partial", "group_size": L},
+    "groups": {"mode": "groups", "groups": [[0, 2], [3]]},
+}
+
+
+def make_cfg(norm="layernorm", rotation="none", seed=0, d_model=32, n_heads=2, d_mlp=0, seq_len=16, vocab=None):
+    data = {"seq_len": seq_len} if vocab is None else {"seq_len": seq_len, "tokens": "x.bin", "vocab_size": vocab}
+    return TrialConfig(model={"d_model": d_model, "n_layers": L, "n_heads": n_heads, "d_mlp": d_mlp}, norm=norm,
+                       rotation=ROTATIONS[rotation] if isinstance(rotation, str) else rotation, optimizer={"name": "adam", "lr": 1e-3},
+                       train={"steps": 1}, data=data, seed=seed)
+
+
+def batch(cfg, B=2, seed=0):
+    g = generator_for(seed, "test-batch")
+    x = torch.randint(0, cfg.vocab_size, (B, cfg.data.seq_len + 1), generator=g)
+    return x[:, :-1], x[:, 1:]
+
+
+def fold_plan(none_model: Transformer, rotated: Transformer) -> None:
+    """Give `rotated` (any plan) the weights that make it compute what `none_model` computes.
+
+    A read R and write R^T next to full linear maps: W_in -> W_in R (so N(x R) (W_in R)^T =
+    N(x) W_in^T for a rotation-invariant N) and W_out -> R^T W_out (so (h W_out^T R) R^T = h W_out^T).
+    """
+    state = {k: v for k, v in none_model.state_dict().items() if not k.endswith("matrix")}
+    rotated.load_state_dict(state, strict=False)
+    with torch.no_grad():
+        for block in rotated.blocks:
+            for read, fc, proj in ((block.read_attn, block.attn.qkv, block.attn.proj), (block.read_mlp, block.mlp.fc, block.mlp.proj)):
+                if isinstance(read, Rotate):
+                    r = read.matrix
+                    fc.weight.copy_(fc.weight @ r)
+                    proj.weight.copy_(r.T @ proj.weight)
+
+
+# ---- sizes, shapes, init -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("norm", NORM_NAMES)
+@pytest.mark.parametrize("rotation", ["none", "independent"])
+@pytest.mark.parametrize("shape", [{}, {"d_mlp": 48, "n_heads": 4}, {"vocab": 1000, "seq_len": 8}])
+def test_param_count_matches_config(norm, rotation, shape):
+    cfg = make_cfg(norm, rotation, **shape)
+    model = Transformer.from_config(cfg)
+    assert model.num_params() == sum(p.numel() for p in model.parameters()) == cfg.params
+    assert model.num_params(non_embedding=True) == cfg.params_non_embedding
+    assert all(not isinstance(m, Rotate) or not list(m.parameters()) for m in model.modules())  # rotations are buffers
+
+
+@pytest.mark.parametrize("norm", NORM_NAMES)
+@pytest.mark.parametrize("rotation", ROTATIONS)
+def test_forward_shapes_and_initial_loss(norm, rotation):
+    cfg = make_cfg(norm, rotation)
+    model = Transformer.from_config(cfg)
+    x, y = batch(cfg, B=3)
+    logits, loss = model(x, y)
+    assert logits.shape == (3, cfg.data.seq_len, 256) and logits.dtype == torch.float32
+    assert loss.shape == () and abs(loss.item() - math.log(256)) < 0.1
+    logits2, none = model(x[:, :5])
+    assert none is None and logits2.shape == (3, 5, 256)
+    torch.testing.assert_close(logits2, logits[:, :5], atol=1e-5, rtol=1e-5)  # causal
+    with pytest.raises(ValueError):
+        model(torch.zeros(1, cfg.data.seq_len + 1, dtype=torch.long))
+
+
+def test_backward_reaches_every_parameter():
+    model = Transformer.from_config(make_cfg("layernorm", "independent"))
+    _, loss = model(*batch(make_cfg()))
+    loss.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+    assert all(not b.requires_grad for b in model.buffers())
+
+
+def test_init_statistics():
+    cfg = make_cfg(d_model=64, n_heads=4)
+    model = Transformer.from_config(cfg)
+    stds = {n: p.std().item() for n, p in model.named_parameters() if p.ndim == 2}
+    assert abs(stds["tok_emb.weight"] - 0.02) < 0.002 and abs(stds["unembed.weight"] - 0.02) < 0.002
+    assert abs(stds["blocks.0.attn.qkv.weight"] - 0.02) < 0.002
+    for n in ("blocks.1.attn.proj.weight", "blocks.1.mlp.proj.weight"):
+        assert abs(stds[n] - 0.02 / math.sqrt(2 * L)) < 0.001
+    for name, p in model.named_parameters():
+        if "norm" in name:
+            assert torch.equal(p, torch.zeros_like(p) if name.endswith("bias") else torch.ones_like(p))
+
+
+def test_init_is_deterministic_and_leaves_global_rng_alone():
+    state = torch.get_rng_state()
+    a = Transformer.from_config(make_cfg("rmsnorm", "shared", seed=3))
+    assert torch.equal(torch.get_rng_state(), state)
+    b = Transformer.from_config(make_cfg("rmsnorm", "shared", seed=3))
+    c = Transformer.from_config(make_cfg("rmsnorm", "shared", seed=4))
+    for (k, va), vb, vc in zip(a.state_dict().items(), b.state_dict().values(), c.state_dict().values()):
+        assert torch.equal(va, vb), k
+        if "norm" not in k:
+            assert not torch.equal(va, vc), k
+    d = Transformer.from_config(make_cfg("rmsnorm", "shared", seed=3), dtype=torch.float64)
+    for va, vd in zip(a.state_dict().values(), d.state_dict().values()):
+        assert vd.dtype == torch.float64 and torch.equal(va, vd.float())  # same numbers, either dtype
+
+
+# ---- the attribute interface (the activation probe hooks these names) ------------------------
+
+
+@pytest.mark.parametrize("norm", NORM_NAMES)
+def test_attribute_interface(norm):
+    model = Transformer.from_config(make_cfg(norm, {"mode": "groups", "groups": [[1]]}))
+    assert NORMS[norm] is {"layernorm": LayerNorm, "rmsnorm": RMSNorm, "rmsnorm_scalar": ScalarRMSNorm}[norm]
+    assert isinstance(model.blocks, nn.ModuleList) and len(model.blocks) == L
+    for attr in ("tok_emb", "pos_emb", "final_norm", "unembed"):
+        assert isinstance(getattr(model, attr), nn.Module)
+    assert isinstance(model.final_norm, NORMS[norm])
+    for i, block in enumerate(model.blocks):
+        assert isinstance(block.mlp.act, nn.GELU)
+        assert isinstance(block.attn_norm, NORMS[norm]) and isinstance(block.mlp_norm, NORMS[norm])
+        kind = Rotate if i == 1 else nn.Identity
+        for attr in ("read_attn", "write_attn", "read_mlp", "write_mlp"):
+            assert isinstance(getattr(block, attr), kind)
+
+
+def test_hooks_see_the_residual_equation():
+    """Block inputs/outputs are residual streams; norms see the rotated read; act is (B, T, d_mlp)."""
+    cfg = make_cfg("rmsnorm_scalar", "shared")
+    model = Transformer.from_config(cfg, dtype=torch.float64)
+    seen = {}
+    hook = lambda name: (lambda m, i, o: seen.__setitem__(name, (i[0], o)))
+    model.blocks[0].register_forward_hook(hook("block0"))
+    model.blocks[0].attn_norm.register_forward_hook(hook("attn_norm"))
+    model.blocks[0].mlp.act.register_forward_hook(hook("act"))
+    x, _ = batch(cfg)
+    model(x)
+    emb = model.tok_emb(x) + model.pos_emb(torch.arange(x.shape[1]))
+    torch.testing.assert_close(seen["block0"][0], emb)  # layer 0 = embedding sum
+    r = model.blocks[0].read_attn.matrix
+    torch.testing.assert_close(seen["attn_norm"][0], emb @ r)  # the norm sees the computation basis
+    assert seen["act"][1].shape == (2, cfg.data.seq_len, cfg.model.d_mlp)
+
+
+# ---- dtypes and devices --------------------------------------------------------------------
+
+
+def test_rotation_buffers_follow_dtype():
+    model = Transformer.from_config(make_cfg("layernorm", "independent"))
+    mats = [m.matrix for m in model.modules() if isinstance(m, Rotate)]
+    assert len(mats) == 4 * L and all(m.dtype == torch.float32 for m in mats)
+    model.to(torch.bfloat16)
+    assert all(m.matrix.dtype == torch.bfloat16 for m in model.modules() if isinstance(m, Rotate))
+    logits, loss = model(*batch(make_cfg()))
+    assert logits.dtype == torch.float32 and torch.isfinite(loss)
+    assert "blocks.0.read_attn.matrix" in model.state_dict()  # saved with checkpoints
+
+
+def test_norms_numerics():
+    x = torch.randn(3, 5, 8, dtype=torch.float64) * 4 + 1
+    ms = lambda t: (t.pow(2).mean(-1, keepdim=True) + 1e-5).sqrt()
+    torch.testing.assert_close(RMSNorm(8, torch.float64)(x), x / ms(x))
+    torch.testing.assert_close(ScalarRMSNorm(8, torch.float64)(x), x / ms(x))
+    c = x - x.mean(-1, keepdim=True)
+    torch.testing.assert_close(LayerNorm(8, torch.float64)(x), c / ms(c))
+    q = torch.linalg.qr(torch.randn(8, 8, dtype=torch.float64))[0]
+    s = ScalarRMSNorm(8, torch.float64)
+    with torch.no_grad():
+        s.weight.fill_(1.7)
+    torch.testing.assert_close(s(x @ q), s(x) @ q, atol=1e-12, rtol=0)
+
+
+# ---- rotations sit next to full linear maps -------------------------------------------------
+
+
+@pytest.mark.parametrize("rotation", [r for r in ROTATIONS if r != "none"])
+def test_rotated_plan_expresses_the_same_function(rotation):
+    """rmsnorm_scalar: a rotated-plan model with folded weights computes the `none` model's function."""
+    base = Transformer.from_config(make_cfg("rmsnorm_scalar", "none"), dtype=torch.float64)
+    rotated = Transformer.from_config(make_cfg("rmsnorm_scalar", rotation), dtype=torch.float64)
+    x, y = batch(make_cfg())
+    assert not torch.allclose(base(x)[0], rotated(x)[0])  # same seed, different plan: different function
+    fold_plan(base, rotated)
+    torch.testing.assert_close(rotated(x)[0], base(x)[0], atol=1e-10, rtol=0)
+
+
+def test_folding_fails_for_basis_dependent_norm():
+    base = Transformer.from_config(make_cfg("layernorm", "none"), dtype=torch.float64)
+    rotated = Transformer.from_config(make_cfg("layernorm", "shared"), dtype=torch.float64)
+    fold_plan(base, rotated)
+    x, _ = batch(make_cfg())
+    assert (rotated(x)[0] - base(x)[0]).abs().max() > 1e-4
