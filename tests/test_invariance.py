@@ -1,0 +1,159 @@
+"""Rotating the residual basis: exact for rmsnorm_scalar, broken by basis-dependent norms."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from study.config import TrialConfig
+from study.invariance import loss_change_by_dtype, rotate_residual_basis
+from study.model import Rotate, Transformer
+from study.rotation import generator_for, random_orthogonal
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models: one intra-op thread is fastest and immune to oversubscribed shared CPUs."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+L, D = 4, 32
+ROTATIONS = {
+    "none": "none",
+    "shared": "shared",
+    "independent": "independent",
+    "partial1": {"mode": "partial", "group_size": 1},
+    "partial2": {"mode": "partial", "group_size": 2},
+    "partialL": {"mode": "partial", "group_size": L},
+    "groups": {"mode": "groups", "groups": [[0, 2], [3]]},
+}
+
+
+def make_model(norm, rotation="none", dtype=torch.float64, perturb=True, seed=0):
+    """A model with 'trained-looking' norm parameters: gains 1 + N(0, 0.5), biases N(0, 0.3)."""
+    cfg = TrialConfig(model={"d_model": D, "n_layers": L, "n_heads": 2}, norm=norm, rotation=ROTATIONS[rotation],
+                      optimizer={"name": "adam", "lr": 1e-3}, train={"steps": 1}, data={"seq_len": 16}, seed=seed)
+    model = Transformer.from_config(cfg, dtype=dtype)
+    if perturb:
+        g = generator_for(seed, "test-perturb")
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" in name:
+                    noise = torch.randn(p.shape, generator=g, dtype=torch.float64)
+                    p.copy_(noise * 0.3 if name.endswith("bias") else 1 + 0.5 * noise)
+    return model
+
+
+def batch(B=2, T=16):
+    x = torch.randint(0, 256, (B, T + 1), generator=generator_for(0, "test-batch"))
+    return x[:, :-1], x[:, 1:]
+
+
+def q_for(seed=0):
+    return random_orthogonal(D, generator_for(seed, "test-q"))
+
+
+@pytest.mark.parametrize("rotation", ROTATIONS)
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm", "rmsnorm_scalar"])
+def test_rotated_logits(norm, rotation):
+    model = make_model(norm, rotation)
+    x, _ = batch()
+    diff = (rotate_residual_basis(model, q_for())(x)[0] - model(x)[0]).abs().max().item()
+    if norm == "rmsnorm_scalar":
+        assert diff < 1e-10
+    else:
+        assert diff > 1e-3  # per-coordinate gains (and layernorm's mean) see the basis
+
+
+@pytest.mark.parametrize("rotation", ["none", "independent"])
+def test_rmsnorm_with_uniform_gains_is_invariant(rotation):
+    """The per-coordinate gain is rmsnorm's only basis dependence; layernorm's mean subtraction remains."""
+    x, _ = batch()
+    rms = make_model("rmsnorm", rotation, perturb=False)
+    assert (rotate_residual_basis(rms, q_for())(x)[0] - rms(x)[0]).abs().max() < 1e-10
+    ln = make_model("layernorm", rotation, perturb=False)
+    assert (rotate_residual_basis(ln, q_for())(x)[0] - ln(x)[0]).abs().max() > 1e-4
+
+
+def test_residual_stream_is_rotated_everywhere():
+    model = make_model("rmsnorm_scalar", "shared")
+    rotated = rotate_residual_basis(model, q := q_for())
+    x, _ = batch()
+    outs = {}
+    for tag, m in (("a", model), ("b", rotated)):
+        for i, block in enumerate(m.blocks):
+            block.register_forward_hook(lambda mod, inp, out, k=(tag, i): outs.__setitem__(k, out))
+        m(x)
+    for i in range(L):
+        torch.testing.assert_close(outs[("b", i)], outs[("a", i)] @ q, atol=1e-10, rtol=0)
+
+
+def test_rotation_keeps_structure_and_leaves_model_alone():
+    model = make_model("layernorm", "groups")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rotated = rotate_residual_basis(model, q_for())
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert rotated is not model
+    eye = torch.eye(D, dtype=torch.float64)
+    for b0, b1 in zip(model.blocks, rotated.blocks):
+        for attr in ("read_attn", "write_attn", "read_mlp", "write_mlp"):
+            assert type(getattr(b0, attr)) is type(getattr(b1, attr))
+            if isinstance(getattr(b1, attr), Rotate):
+                m = getattr(b1, attr).matrix
+                torch.testing.assert_close(m @ m.T, eye, atol=1e-12, rtol=0)
+        for name in ("attn_norm", "mlp_norm"):  # gains and biases untouched
+            for p0, p1 in zip(getattr(b0, name).parameters(), getattr(b1, name).parameters()):
+                assert torch.equal(p0, p1)
+    with pytest.raises(ValueError):
+        rotate_residual_basis(model, torch.eye(D + 1))
+
+
+def test_rotation_of_float32_model_stays_float32():
+    model = make_model("rmsnorm_scalar", "independent", dtype=torch.float32)
+    rotated = rotate_residual_basis(model, q_for())
+    assert all(p.dtype == torch.float32 for p in rotated.parameters())
+    assert all(b.dtype == torch.float32 for b in rotated.buffers())
+    x, _ = batch()
+    torch.testing.assert_close(rotated(x)[0], model(x)[0], atol=1e-4, rtol=0)
+
+
+def test_identity_rotation_is_a_no_op():
+    model = make_model("layernorm", "shared")
+    same = rotate_residual_basis(model, torch.eye(D))
+    for (k, a), b in zip(model.state_dict().items(), same.state_dict().values()):
+        assert torch.equal(a, b), k
+
+
+# ---- loss_change_by_dtype ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rotation", ["none", "shared", "partial2"])
+def test_loss_change_rows(rotation):
+    model = make_model("rmsnorm_scalar", rotation, dtype=torch.float32)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x, y = batch()
+    rows = loss_change_by_dtype(model, x, y, seed=7)
+    assert [r["dtype"] for r in rows] == ["float64", "float32", "bfloat16"]
+    assert all(set(r) == {"check", "dtype", "value"} and r["check"] == "rotate_residual_basis" for r in rows)
+    assert all(isinstance(r["value"], float) and math.isfinite(r["value"]) for r in rows)
+    v = {r["dtype"]: r["value"] for r in rows}
+    assert abs(v["float64"]) < 1e-10
+    assert abs(v["float32"]) < 1e-3 and abs(v["bfloat16"]) < 0.5
+    assert all(torch.equal(v_, before[k]) for k, v_ in model.state_dict().items())
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert rows == loss_change_by_dtype(model, x, y, seed=7)  # deterministic from seed
+
+
+def test_loss_change_detects_layernorm():
+    model = make_model("layernorm", "none", dtype=torch.float32)
+    x, y = batch()
+    rows = loss_change_by_dtype(model, x, y, seed=0, dtypes=("float64",))
+    assert len(rows) == 1 and abs(rows[0]["value"]) > 1e-4
+    other = loss_change_by_dtype(model, x, y, seed=1, dtypes=("float64",))
+    assert other[0]["value"] != rows[0]["value"]  # a different seed draws a different Q
