@@ -1,0 +1,409 @@
+"""Optimisers: `build_optimizer(cfg, model)` is the one place optimiser names map to classes.
+
+- `adam`: torch AdamW (decoupled weight decay; default 0).
+- `sgd`: torch SGD with momentum (optionally Nesterov).
+- `rotated_adam`: `RotatedAdam`, Adam(W) whose first and second moments live in a fixed random
+  orthogonal basis. For a matrix W (out x in) with gradient G and bases Qo (out x out),
+  Qi (in x in):
+
+      G~ = Qo^T G Qi                      # gradient in the optimiser's basis
+      m = b1 m + (1 - b1) G~ ;  v = b2 v + (1 - b2) G~^2
+      U~ = m^ / (sqrt(v^) + eps)          # m^, v^ bias-corrected, as torch Adam
+      W <- W (1 - lr wd) - lr Qo U~ Qi^T  # decoupled weight decay, as torch AdamW
+
+  Vectors use one Q (u = Q U~), scalars are never rotated. With Q = I this is torch Adam(W)
+  step for step. `rotate="residual"` rotates only dimensions of size d_model (never a
+  vocabulary or position index); `rotate="all"` rotates every dimension.
+
+Weight decay, for every optimiser, applies only to parameters with ndim >= 2 (nanoGPT's two
+groups). Every group's "lr" is the peak lr; a scheduler elsewhere rewrites group["lr"] each
+step and `RotatedAdam.step` reads it there. Bases are drawn from the trial seed and the
+parameter's name (`rotation.generator_for(seed, "optim", name)`, `rotation.random_orthogonal`),
+so the same trial always gets the same bases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from study.config import TrialConfig
+from study.rotation import generator_for, random_orthogonal
+
+__all__ = [
+    "RotatedAdam",
+    "build_optimizer",
+    "decay_groups",
+    "index_dims",
+]
+
+_MISSING = object()
+
+BasisKey = Tensor | int | str
+"""How `bases` / `index_dims` name a parameter: the tensor itself, its index, or its name."""
+
+
+# ---- param groups and the name -> class map -------------------------------------------------
+
+
+def decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Two named param groups: ndim >= 2 with `weight_decay`, the rest (gains, biases, scalars)
+    with 0. Empty groups are dropped. Frozen parameters are left out."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    decay = [(n, p) for n, p in named if p.ndim >= 2]
+    no_decay = [(n, p) for n, p in named if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+_HEAD_NAMES = ("lm_head", "head", "unembed", "unembedding", "w_u", "wu")
+_EMBED_NAMES = ("wte", "wpe", "tok_emb", "pos_emb", "embed", "embedding", "w_e", "w_pos")
+
+
+def index_dims(model: nn.Module, vocab_size: int | None = None) -> dict[str, tuple[int, ...]]:
+    """Parameter dims that index tokens or positions, not residual coordinates: they never
+    rotate under rotate="residual", even when their size happens to equal d_model (byte-level
+    vocab 256 = d_model 256, or seq_len = d_model).
+
+    Found by module type (nn.Embedding weight: dim 0; an nn.Linear called like an unembedding,
+    or with out_features == vocab_size and a head-like name: dim 0) and, for bare parameters,
+    by name (embedding-like 2-D parameters: dim 0, the nanoGPT (V, d) layout).
+    """
+    dims: dict[str, tuple[int, ...]] = {}
+    for mname, module in model.named_modules():
+        leaf = mname.rsplit(".", 1)[-1].lower()
+        if isinstance(module, nn.Embedding):
+            dims[_join(mname, "weight")] = (0,)
+        elif isinstance(module, nn.Linear) and leaf in _HEAD_NAMES:
+            if vocab_size is None or module.out_features == vocab_size:
+                dims[_join(mname, "weight")] = (0,)
+                if module.bias is not None:
+                    dims[_join(mname, "bias")] = (0,)
+    for pname, p in model.named_parameters():
+        leaf = pname.rsplit(".", 1)[-1].lower()
+        if pname not in dims and p.ndim == 2 and (leaf in _EMBED_NAMES or leaf in _HEAD_NAMES):
+            dims[pname] = (0,)
+    return dims
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def build_optimizer(cfg: TrialConfig, model: nn.Module) -> torch.optim.Optimizer:
+    """The optimiser named by cfg.optimizer.name, over `model`'s trainable parameters in two
+    groups (weight decay on ndim >= 2 only). Group "lr" starts at the peak lr."""
+    o = cfg.optimizer
+    groups = decay_groups(model, o.weight_decay)
+    if o.name == "adam":
+        return torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+    if o.name == "sgd":
+        return torch.optim.SGD(groups, lr=o.lr, momentum=o.momentum, nesterov=o.nesterov, weight_decay=o.weight_decay)
+    if o.name == "rotated_adam":
+        return RotatedAdam(
+            groups, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
+            rotate=o.rotate, d_model=cfg.model.d_model, seed=cfg.seed,
+            index_dims=index_dims(model, cfg.vocab_size),
+        )
+    raise ValueError(f"optimizer.name: unknown optimiser {o.name!r}")
+
+
+# ---- RotatedAdam ----------------------------------------------------------------------------
+
+
+@dataclass
+class _Bucket:
+    """Parameters of one group with equal shape, dtype, device and rotated sides. Their state
+    lives in stacked tensors here; the optimizer state holds views into them."""
+
+    group: int
+    params: list[Tensor]
+    shape2: tuple[int, ...]  # per-parameter shape the rotations see: (), (n,) or (out, in)
+    exp_avg: Tensor  # (K, *shape2), in the rotated basis
+    exp_avg_sq: Tensor  # (K, *shape2), in the rotated basis
+    step: Tensor  # (K,) float32
+    basis_out: Tensor | None  # (K, out, out) or (K, n, n) for vectors
+    basis_in: Tensor | None  # (K, in, in)
+
+
+def _shape2(p: Tensor) -> tuple[int, ...]:
+    """The shape the rotations act on: scalars (), vectors (n,), everything else (out, in)."""
+    if p.ndim <= 1:
+        return tuple(p.shape)
+    return (p.shape[0], p.numel() // p.shape[0])
+
+
+class RotatedAdam(torch.optim.Optimizer):
+    """Adam(W) with its moments in fixed orthogonal bases (see the module docstring).
+
+    Args:
+        params: tensors, (name, tensor) pairs, or param-group dicts of either. Names, when
+            given, seed the bases (else "param{i}", i the index over all groups).
+        lr, betas, eps, weight_decay: as torch.optim.AdamW (weight decay is decoupled).
+        rotate: "all" rotates every dimension of every vector and matrix; "residual" only
+            dimensions of size `d_model` that are not in `index_dims`.
+        d_model: residual width; required for rotate="residual" unless every parameter has
+            explicit `bases`.
+        seed: seeds the random bases, with each parameter's name.
+        bases: explicit bases for some parameters, keyed by tensor, index or name:
+            (Qo, Qi) for matrices, (Q, None) or Q for vectors; None means identity. They
+            override `rotate`.
+        index_dims: dims (of the parameter) that never rotate under "residual", keyed like
+            `bases`; `build_optimizer` passes `index_dims(model, vocab)` (embeddings, unembed).
+
+    State per parameter (views into per-shape stacked buffers): "step" (0-dim float32),
+    "exp_avg", "exp_avg_sq" (the parameter's shape, in the rotated basis), "basis_out",
+    "basis_in" (Tensor or None; for vectors basis_out is the one Q). All state, bases included,
+    is allocated at construction, so state_dict() always has it and load_state_dict() restores it.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.95),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        *,
+        rotate: Literal["all", "residual"] = "residual",
+        d_model: int | None = None,
+        seed: int = 0,
+        bases: Mapping[BasisKey, Any] | None = None,
+        index_dims: Mapping[BasisKey, Sequence[int]] | None = None,
+    ) -> None:
+        if not isinstance(lr, Tensor) and not lr > 0:
+            raise ValueError(f"lr must be positive, got {lr}")
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"betas must lie in [0, 1), got {betas}")
+        if not eps > 0:
+            raise ValueError(f"eps must be positive, got {eps}")
+        if weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+        if rotate not in ("all", "residual"):
+            raise ValueError(f"rotate must be 'all' or 'residual', got {rotate!r}")
+        self.rotate = rotate
+        self.d_model = d_model
+        self.seed = seed
+        self._bases = _keyed(bases)
+        self._index_dims = {k: tuple(v) for k, v in _keyed(index_dims).items()}
+        self._buckets: list[_Bucket] = []
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+        super().__init__(params, defaults)
+        self._ready = True
+        self._init_state()
+        self._build_buckets()
+
+    # -- state ------------------------------------------------------------------------------
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        super().add_param_group(param_group)
+        if getattr(self, "_ready", False):
+            self._init_state()
+            self._build_buckets()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load, then re-stack the loaded moments and bases (the loaded ones win over this
+        optimiser's own), so the next step continues the saved run exactly."""
+        super().load_state_dict(state_dict)
+        self._build_buckets()
+
+    def bases(self, p: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        """(basis_out, basis_in) of parameter `p`; None means identity (not rotated)."""
+        s = self.state[p]
+        return s["basis_out"], s["basis_in"]
+
+    def _named(self) -> Iterable[tuple[int, int, str, Tensor]]:
+        i = 0
+        for gi, group in enumerate(self.param_groups):
+            names = group.get("param_names")
+            for j, p in enumerate(group["params"]):
+                yield gi, i, (names[j] if names else f"param{i}"), p
+                i += 1
+
+    @staticmethod
+    def _lookup(table: dict[Any, Any], p: Tensor, index: int, name: str, default: Any = None) -> Any:
+        for key in (("tensor", id(p)), ("index", index), ("name", name)):
+            if key in table:
+                return table[key]
+        return default
+
+    def _init_state(self) -> None:
+        for _, index, name, p in self._named():
+            if "exp_avg" in self.state[p]:
+                continue
+            if p.is_sparse:
+                raise ValueError(f"RotatedAdam does not support sparse parameters ({name})")
+            qo, qi = self._make_bases(p, index, name)
+            self.state[p] = {
+                "step": torch.zeros((), dtype=torch.float32, device=p.device),
+                "exp_avg": torch.zeros_like(p, memory_format=torch.contiguous_format),
+                "exp_avg_sq": torch.zeros_like(p, memory_format=torch.contiguous_format),
+                "basis_out": qo,
+                "basis_in": qi,
+            }
+
+    def _make_bases(self, p: Tensor, index: int, name: str) -> tuple[Tensor | None, Tensor | None]:
+        shape2 = _shape2(p)
+        explicit = self._lookup(self._bases, p, index, name, default=_MISSING)
+        if explicit is not _MISSING:
+            return self._check_explicit(explicit, shape2, p, name)
+        if not shape2:
+            return None, None
+        skip = self._lookup(self._index_dims, p, index, name) or ()
+        if self.rotate == "all":
+            rot = [True] * len(shape2)
+        else:
+            if self.d_model is None:
+                raise ValueError(f"RotatedAdam(rotate='residual') needs d_model (no explicit bases for {name})")
+            rot = [n == self.d_model and d not in skip for d, n in enumerate(shape2)]
+        if not any(rot):
+            return None, None
+        gen = generator_for(self.seed, "optim", name)  # Qo then Qi, Haar, float64 then cast
+        qs = [random_orthogonal(n, gen).to(device=p.device, dtype=p.dtype) if r else None for n, r in zip(shape2, rot)]
+        return (qs[0], qs[1] if len(qs) > 1 else None)
+
+    @staticmethod
+    def _check_explicit(b: Any, shape2: tuple[int, ...], p: Tensor, name: str) -> tuple[Tensor | None, Tensor | None]:
+        if b is None:
+            return None, None
+        qo, qi = (b, None) if isinstance(b, Tensor) else tuple(b)
+        sides = list(shape2) + [None] * (2 - len(shape2))
+        out: list[Tensor | None] = []
+        for side, q, n in zip(("out", "in"), (qo, qi), sides):
+            if q is None:
+                out.append(None)
+                continue
+            if n is None or tuple(q.shape) != (n, n):
+                raise ValueError(f"bases[{name}]: {side} basis of shape {tuple(q.shape)} does not fit a parameter of shape {tuple(p.shape)}")
+            q64 = q.detach().to(torch.float64)
+            err = float((q64.mT @ q64 - torch.eye(n, dtype=torch.float64, device=q.device)).abs().max())
+            if err > 100 * n * torch.finfo(q.dtype).eps:
+                raise ValueError(f"bases[{name}]: {side} basis is not orthogonal (max |Q^T Q - I| = {err:.2e})")
+            out.append(q.detach().to(device=p.device, dtype=p.dtype).clone())
+        return out[0], out[1]
+
+    def _build_buckets(self) -> None:
+        """Stack the state of equal-shaped parameters per group; state entries become views."""
+        keyed: dict[tuple[Any, ...], list[Tensor]] = {}
+        for gi, _, _, p in self._named():
+            s = self.state[p]
+            key = (gi, _shape2(p), p.dtype, p.device, s["basis_out"] is None, s["basis_in"] is None)
+            keyed.setdefault(key, []).append(p)
+        self._buckets = []
+        for (gi, shape2, dtype, device, no_out, no_in), ps in keyed.items():
+            st = [self.state[p] for p in ps]
+
+            def stack(key: str, shape: tuple[int, ...], dt: torch.dtype = dtype) -> Tensor:
+                return torch.stack([s[key].to(device=device, dtype=dt).reshape(shape) for s in st])
+
+            b = _Bucket(
+                group=gi, params=ps, shape2=shape2,
+                exp_avg=stack("exp_avg", shape2), exp_avg_sq=stack("exp_avg_sq", shape2),
+                step=stack("step", (), torch.float32),
+                basis_out=None if no_out else stack("basis_out", (shape2[0], shape2[0])),
+                basis_in=None if no_in else stack("basis_in", (shape2[1], shape2[1])),
+            )
+            for k, (p, s) in enumerate(zip(ps, st)):
+                s["exp_avg"] = b.exp_avg[k].view(p.shape)
+                s["exp_avg_sq"] = b.exp_avg_sq[k].view(p.shape)
+                s["step"] = b.step[k]
+                s["basis_out"] = None if no_out else b.basis_out[k]
+                s["basis_in"] = None if no_in else b.basis_in[k]
+            self._buckets.append(b)
+
+    # -- step -------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        """One update of every parameter that has a gradient. No host syncs."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        # Decoupled weight decay first, on the pre-update weights (as torch AdamW).
+        for group in self.param_groups:
+            lr, wd = group["lr"], group["weight_decay"]
+            if wd != 0:
+                decayed = [p for p in group["params"] if p.grad is not None]
+                if decayed:
+                    torch._foreach_mul_(decayed, 1 - lr * wd)
+        params: list[Tensor] = []
+        updates: list[Tensor] = []
+        for b in self._buckets:
+            have = [p.grad is not None for p in b.params]
+            if all(have):  # the usual case: the whole bucket in one batched update
+                parts = [(b.params, slice(None))]
+            else:  # some parameters got no gradient: step the others one by one
+                parts = [([p], slice(k, k + 1)) for k, p in enumerate(b.params) if have[k]]
+            for ps, sl in parts:
+                u = self._update(b, sl, [p.grad for p in ps], self.param_groups[b.group])
+                params += ps
+                updates += [u_k.view(p.shape) for u_k, p in zip(u.unbind(0), ps)]
+        if params:
+            torch._foreach_add_(params, updates)
+        return loss
+
+    @staticmethod
+    def _update(b: _Bucket, sl: slice, grads: list[Tensor], group: dict[str, Any]) -> Tensor:
+        """The update -lr Qo U~ Qi^T for the bucket slice `sl`, (K, *shape2); advances m, v, step."""
+        if any(g.is_sparse for g in grads):
+            raise RuntimeError("RotatedAdam does not support sparse gradients")
+        (b1, b2), eps, lr = group["betas"], group["eps"], group["lr"]
+        qo = None if b.basis_out is None else b.basis_out[sl]
+        qi = None if b.basis_in is None else b.basis_in[sl]
+        m, v, step = b.exp_avg[sl], b.exp_avg_sq[sl], b.step[sl]
+        k = m.shape[0]
+        g = torch.stack(grads).view(k, *b.shape2)  # (K, *shape2)
+        g = _to_basis(g, qo, qi)  # G~ = Qo^T G Qi
+        step.add_(1)
+        m.lerp_(g, 1 - b1)
+        v.mul_(b2).addcmul_(g, g, value=1 - b2)
+        # Bias corrections per parameter, on device, at least float32 (float64 for float64 params).
+        s = step.to(torch.promote_types(m.dtype, torch.float32))
+        bshape = (k,) + (1,) * len(b.shape2)
+        neg_step_size = ((1 - b1**s).reciprocal() * -lr).to(m.dtype).view(bshape)  # -lr / bc1
+        bc2_sqrt = (1 - b2**s).sqrt().to(m.dtype).view(bshape)
+        denom = (v.sqrt() / bc2_sqrt).add_(eps)
+        u = (m / denom).mul_(neg_step_size)  # -lr U~
+        return _from_basis(u, qo, qi)  # -lr Qo U~ Qi^T
+
+
+def _to_basis(g: Tensor, qo: Tensor | None, qi: Tensor | None) -> Tensor:
+    """Qo^T G Qi for stacked matrices (K, o, i); Q^T g for stacked vectors (K, n)."""
+    if g.ndim == 2:  # vectors: (Q^T g)^T = g^T Q
+        return g if qo is None else torch.bmm(g.unsqueeze(1), qo).squeeze(1)
+    if qo is not None:
+        g = torch.bmm(qo.mT, g)
+    if qi is not None:
+        g = torch.bmm(g, qi)
+    return g
+
+
+def _from_basis(u: Tensor, qo: Tensor | None, qi: Tensor | None) -> Tensor:
+    """Qo U Qi^T for stacked matrices (K, o, i); Q u for stacked vectors (K, n)."""
+    if u.ndim == 2:  # vectors: (Q u)^T = u^T Q^T
+        return u if qo is None else torch.bmm(u.unsqueeze(1), qo.mT).squeeze(1)
+    if qo is not None:
+        u = torch.bmm(qo, u)
+    if qi is not None:
+        u = torch.bmm(u, qi.mT)
+    return u
+
+
+def _keyed(table: Mapping[BasisKey, Any] | None) -> dict[tuple[str, Any], Any]:
+    """Normalise a mapping keyed by tensor / index / name to hashable tagged keys."""
+    out: dict[tuple[str, Any], Any] = {}
+    for key, value in (table or {}).items():
+        if isinstance(key, Tensor):
+            out[("tensor", id(key))] = value
+        elif isinstance(key, bool) or not isinstance(key, (int, str)):
+            raise TypeError(f"bases/index_dims keys are tensors, indices or names, not {type(key).__name__}")
+        elif isinstance(key, int):
+            out[("index", key)] = value
+        else:
+            out[("name", key)] = value
+    return out
