@@ -15,7 +15,7 @@ from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Scaling-study sweeps: why residual streams grow basis-aligned outliers.")
-out = Console()
+out = Console(width=None if sys.stdout.isatty() else 160)  # piped output keeps whole tables
 err = Console(stderr=True)
 
 SpecArg = Annotated[Path, typer.Argument(help="Sweep spec YAML (see specs/).", show_default=False)]
@@ -118,52 +118,6 @@ def plan(
 # ---- run -------------------------------------------------------------------------------------
 
 
-def progress_callback(trials, progress):
-    """A Ray Tune callback driving a rich progress bar weighted by each trial's FLOPs."""
-    from ray.tune import Callback
-
-    flops = {t.trial_id: t.flops_per_token * t.total_tokens for t in trials}
-    steps = {t.trial_id: t.total_steps for t in trials}
-    task = progress.add_task("training", total=sum(flops.values()) or 1.0)
-    state = {"done": 0, "failed": 0, "running": set(), "step": {}}
-
-    def refresh():
-        fraction_done = sum(flops[t] * min(1.0, s / steps[t]) for t, s in state["step"].items())
-        progress.update(task, completed=fraction_done, description=(
-            f"{state['done']}/{len(trials)} trials done · {len(state['running'])} running"
-            + (f" · [red]{state['failed']} failed[/]" if state["failed"] else "")))
-
-    class Progress(Callback):
-        def on_trial_start(self, iteration, trials, trial, **info):
-            state["running"].add(trial.config["point"]["trial_id"])
-            refresh()
-
-        def on_trial_result(self, iteration, trials, trial, result, **info):
-            tid = trial.config["point"]["trial_id"]
-            if "step" in result:
-                state["step"][tid] = result["step"]
-            if result.get("status") == "diverged":
-                progress.console.print(f"[yellow]diverged[/] {tid} at step {result['step']}")
-            refresh()
-
-        def on_trial_complete(self, iteration, trials, trial, **info):
-            tid = trial.config["point"]["trial_id"]
-            state["running"].discard(tid)
-            state["done"] += 1
-            state["step"][tid] = steps[tid]
-            refresh()
-
-        def on_trial_error(self, iteration, trials, trial, **info):
-            tid = trial.config["point"]["trial_id"]
-            state["running"].discard(tid)
-            state["failed"] += 1
-            state["step"][tid] = steps[tid]
-            progress.console.print(f"[red]failed[/] {tid} (see `sweep status`)")
-            refresh()
-
-    return Progress()
-
-
 @app.command()
 def run(
     spec_path: SpecArg,
@@ -187,7 +141,9 @@ def run(
         skipped = len(trials) - len(todo)
         out.print(f"[bold]{spec.name}[/]: {len(trials)} trials, {skipped} already complete, {len(todo)} to run"
                   f" → {Path(results) / spec.name}")
-        return [progress_callback(todo, progress)] if todo else None
+        from sweep.progress import ProgressCallback
+
+        return [ProgressCallback(todo, progress)] if todo else None
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                         TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=out)

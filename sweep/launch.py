@@ -45,6 +45,8 @@ def _init_ray(address: str | None, num_cpus: int | None):
     if ray.is_initialized():
         return ray
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our progress bar replaces Tune's tables
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=False, configure_logging=False)

@@ -1,0 +1,62 @@
+"""Live progress for `sweep run`: a Ray Tune callback driving a rich progress bar.
+
+The bar is weighted by each trial's training FLOPs, so its ETA means something when model sizes
+differ by 100x. Imported only when a sweep runs (it imports Ray)."""
+
+from __future__ import annotations
+
+from ray.tune import Callback
+from rich.progress import Progress
+
+from study.config import TrialConfig
+
+
+class ProgressCallback(Callback):
+    def __init__(self, trials: list[TrialConfig], progress: Progress):
+        self.flops = {t.trial_id: t.flops_per_token * t.total_tokens for t in trials}
+        self.steps = {t.trial_id: t.total_steps for t in trials}
+        self.progress = progress
+        self.task = progress.add_task("starting Ray", total=sum(self.flops.values()) or 1.0)
+        self.done, self.failed, self.running, self.at_step = 0, 0, set(), {}
+
+    def __getstate__(self) -> dict:
+        return {}  # Tune pickles its callbacks with the experiment; the live console stays here
+
+    def _refresh(self) -> None:
+        completed = sum(self.flops[t] * min(1.0, s / self.steps[t]) for t, s in self.at_step.items())
+        failed = f" · [red]{self.failed} failed[/]" if self.failed else ""
+        self.progress.update(self.task, completed=completed, description=(
+            f"{self.done}/{len(self.flops)} trials done · {len(self.running)} running{failed}"))
+
+    @staticmethod
+    def _id(trial) -> str:
+        return trial.config["point"]["trial_id"]
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self.running.add(self._id(trial))
+        self._refresh()
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        tid = self._id(trial)
+        if "step" in result:
+            self.at_step[tid] = result["step"]
+        if result.get("status") == "diverged":
+            self.progress.console.print(f"[yellow]diverged[/] {tid} at step {result['step']}")
+        self._refresh()
+
+    def _finish(self, trial) -> str:
+        tid = self._id(trial)
+        self.running.discard(tid)
+        self.at_step[tid] = self.steps[tid]
+        return tid
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self._finish(trial)
+        self.done += 1
+        self._refresh()
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        tid = self._finish(trial)
+        self.failed += 1
+        self.progress.console.print(f"[red]failed[/] {tid} (its error: `sweep status`)")
+        self._refresh()
