@@ -1,0 +1,113 @@
+import math
+
+import pytest
+import torch
+
+from study.config import TrialConfig
+from study.train import MemorySink, StopTraining, lr_at, train
+
+NORMS = ["layernorm", "rmsnorm", "rmsnorm_scalar"]
+ROTATIONS = ["none", "shared", "independent", {"mode": "partial", "group_size": 1}]
+OPTIMIZERS = [{"name": "adam", "lr": 3e-3}, {"name": "sgd", "lr": 0.1}, {"name": "rotated_adam", "lr": 3e-3}]
+
+
+def tiny(steps=6, **kw):
+    base = dict(model={"d_model": 32, "n_layers": 2, "n_heads": 2}, data={"seq_len": 16},
+                optimizer={"name": "adam", "lr": 3e-3},
+                train={"steps": steps, "batch_size": 4, "eval_every": 3, "eval_batch": {"sequences": 2},
+                       "checkpoint_every": 0, "invariance_check": False})
+    base.update(kw)
+    return TrialConfig(**base)
+
+
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("rotation", ROTATIONS, ids=str)
+@pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=lambda o: o["name"])
+def test_smoke_train_every_variant(norm, rotation, optimizer):
+    sink = MemorySink()
+    summary = train(tiny(norm=norm, rotation=rotation, optimizer=optimizer), sink)
+    assert summary.status == "done" and summary.steps == 6
+    assert math.isfinite(summary.final_val_loss) and summary.final_val_loss < math.log(256) + 0.5
+    steps = sorted({r["step"] for r in sink.metric_rows})
+    assert steps == [0, 3, 6]
+    assert [r["step"] for r in sink.curve_rows] == list(range(0, 7))
+    assert sink.run_row["status"] == "done" and sink.run_row["norm"] == norm
+
+
+def test_rows_match_the_store_schema_and_loss_falls():
+    sink = MemorySink()
+    cfg = tiny(steps=40, train={"steps": 40, "batch_size": 8, "eval_every": 20, "eval_batch": {"sequences": 2},
+                                "invariance_check": True})
+    summary = train(cfg, sink)
+    first_val = sink.curve_rows[0]["val_loss"]
+    assert summary.final_val_loss < first_val - 0.5
+    sites = {(r["site"], r["basis"]) for r in sink.metric_rows}
+    assert sites == {("resid", "stored"), ("resid", "random"), ("attn_in", "computation"),
+                     ("mlp_in", "computation"), ("mlp_act", "neuron"), ("model", "computation")}
+    assert {r["dtype"] for r in sink.check_rows} == {"float64", "float32", "bfloat16"}
+    assert sink.run_row["params"] == cfg.params and sink.run_row["tokens"] == 40 * 8 * 16
+    # exactly one row per (step, layer, site, basis, metric)
+    keys = [(r["step"], r["layer"], r["site"], r["basis"], r["metric"]) for r in sink.metric_rows]
+    assert len(keys) == len(set(keys))
+
+
+class CrashAt(MemorySink):
+    def __init__(self, step):
+        super().__init__()
+        self.crash_step = step
+
+    def checkpoint(self, step, directory):
+        if step == self.crash_step:
+            raise StopTraining(step)
+
+
+def test_checkpoint_resume_gives_the_same_curve(tmp_path):
+    cfg = tiny(steps=12, optimizer={"name": "rotated_adam", "lr": 3e-3}, rotation="shared",
+               train={"steps": 12, "batch_size": 4, "eval_every": 4, "eval_batch": {"sequences": 2},
+                      "checkpoint_every": 4, "invariance_check": False})
+    straight = MemorySink()
+    train(cfg, straight, checkpoint_dir=tmp_path / "a")
+
+    sink = CrashAt(8)
+    with pytest.raises(StopTraining):
+        train(cfg, sink, checkpoint_dir=tmp_path / "b")
+    sink.curve_rows.append({"step": 9, "train_loss": 123.0})  # a row past the checkpoint: must vanish
+    sink.crash_step = None
+    train(cfg, sink, checkpoint_dir=tmp_path / "b")
+
+    assert [r["train_loss"] for r in sink.curve_rows] == [r["train_loss"] for r in straight.curve_rows]
+    assert [r["value"] for r in sink.metric_rows] == [r["value"] for r in straight.metric_rows]
+    assert sink.run_row["final_val_loss"] == straight.run_row["final_val_loss"]
+
+
+def test_resume_refuses_another_trials_checkpoint(tmp_path):
+    train(tiny(train={"steps": 4, "batch_size": 4, "eval_every": 2, "checkpoint_every": 2,
+                      "eval_batch": {"sequences": 2}, "invariance_check": False}), checkpoint_dir=tmp_path)
+    with pytest.raises(ValueError, match="belongs to trial"):
+        train(tiny(seed=1), checkpoint_dir=tmp_path)
+
+
+def test_divergence_stops_early():
+    cfg = tiny(steps=30, optimizer={"name": "sgd", "lr": 1e4, "momentum": 0.99},
+               train={"steps": 30, "batch_size": 4, "eval_every": 5, "grad_clip": 0, "eval_batch": {"sequences": 2},
+                      "invariance_check": True})
+    sink = MemorySink()
+    summary = train(cfg, sink)
+    assert summary.status == "diverged" and summary.steps < 30
+    assert sink.run_row["status"] == "diverged" and sink.check_rows == []
+
+
+def test_lr_schedule_warmup_then_cosine_to_floor():
+    cfg = tiny(steps=100, train={"steps": 100, "warmup": 10, "min_lr_ratio": 0.1})
+    lrs = [lr_at(cfg, s) for s in range(100)]
+    assert lrs[0] == pytest.approx(3e-4) and lrs[9] == pytest.approx(3e-3)
+    assert max(lrs) == pytest.approx(3e-3)
+    assert lrs[-1] == pytest.approx(3e-4, rel=0.01)
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
+
+
+def test_training_leaves_torch_threads_as_configured():
+    before = torch.get_num_threads()
+    train(tiny(steps=2, runtime={"num_threads": 1}))
+    assert torch.get_num_threads() == 1
+    torch.set_num_threads(before)
