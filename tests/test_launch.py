@@ -1,0 +1,95 @@
+"""End to end on a real local Ray: spec -> grid -> Tune -> store. Few trials, tiny models."""
+
+import polars as pl
+import pytest
+import ray
+
+from sweep.grid import expand
+from sweep.launch import run_sweep
+from sweep.spec import parse_spec
+from sweep.store import ResultsStore
+from sweep.trainable import train_trial
+
+SPEC = {
+    "name": "e2e",
+    "data": {"seq_len": 16},
+    "train": {"steps": 8, "batch_size": 4, "eval_every": 4, "checkpoint_every": 4, "eval_batch": {"sequences": 2}},
+    "grid": {"model": [{"d_model": 16, "n_layers": 2, "n_heads": 2}],
+             "optimizer": [{"name": "adam", "lr": 3e-3}, {"name": "rotated_adam", "lr": 3e-3}],
+             "norm": ["rmsnorm_scalar"], "seed": [0]},
+    "resources": {"cpu": 1},
+    "retries": 0,
+}
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def snapshot(store):
+    return {t: store.read(t).sort(store.read(t).columns[:3]) for t in ("runs", "metrics", "curves", "checks")}
+
+
+def files(folder):
+    return {p: p.stat().st_mtime_ns for t in ("runs", "metrics", "curves", "checks") for p in (folder / t).glob("*")}
+
+
+@pytest.mark.slow
+def test_sweep_end_to_end_rerun_and_new_seed(tmp_path, local_ray):
+    spec = parse_spec(SPEC)
+    trials = expand(spec)
+    outcome = run_sweep(spec, trials, tmp_path)
+    assert outcome.launched == 2 and outcome.failed == [] and outcome.missing == []
+    folder = tmp_path / "e2e"
+    runs = pl.scan_parquet(str(folder / "runs" / "*.parquet")).collect()
+    assert sorted(runs["trial_id"]) == sorted(t.trial_id for t in trials)
+    assert set(runs["status"]) == {"done"}
+    metrics = pl.scan_parquet(str(folder / "metrics" / "*.parquet")).collect()
+    key = ["trial_id", "step", "layer", "site", "basis", "metric"]
+    assert metrics.height == metrics.unique(key).height > 0
+    assert sorted(metrics["step"].unique()) == [0, 4, 8]
+    assert pl.read_parquet(folder / "checks" / "*.parquet").height == 2 * 3
+    assert all((folder / "trials" / t.trial_id / "config.json").exists() for t in trials)
+
+    before = files(folder)
+    again = run_sweep(spec, trials, tmp_path)
+    assert again.launched == 0 and again.skipped == 2
+    assert files(folder) == before  # nothing rewritten
+
+    more = parse_spec({**SPEC, "grid": {**SPEC["grid"], "seed": [0, 1]}})
+    grown = run_sweep(more, expand(more), tmp_path)
+    assert grown.launched == 2 and grown.skipped == 2
+    assert {p: m for p, m in files(folder).items() if p in before} == before
+    assert ResultsStore(tmp_path, "e2e").read("runs").height == 4
+
+
+@pytest.mark.slow
+def test_sweep_train_and_sweep_run_give_the_same_rows(tmp_path, local_ray):
+    spec = parse_spec({**SPEC, "grid": {**SPEC["grid"], "optimizer": [{"name": "sgd", "lr": 0.1}]}})
+    (cfg,) = expand(spec)
+    in_process = ResultsStore(tmp_path / "a", spec.name)
+    train_trial(cfg, in_process, in_process.sink(cfg.trial_id))
+    run_sweep(spec, [cfg], tmp_path / "b")
+    via_ray = ResultsStore(tmp_path / "b", spec.name)
+    for table, drop in (("metrics", []), ("curves", ["tokens_per_s"]), ("checks", [])):
+        a, b = in_process.read(table).drop(drop), via_ray.read(table).drop(drop)
+        assert a.sort(a.columns).equals(b.sort(b.columns)), table
+    volatile = ["tokens_per_s", "wall_s", "device"]
+    assert in_process.read("runs").drop(volatile).equals(via_ray.read("runs").drop(volatile))
+
+
+@pytest.mark.slow
+def test_a_failing_trial_is_recorded_and_reported(tmp_path, local_ray):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("hello world, " * 200)
+    spec = parse_spec({**SPEC, "data": {"text": str(corpus), "seq_len": 16},
+                       "grid": {**SPEC["grid"], "optimizer": [{"name": "adam", "lr": 3e-3}]}})
+    corpus.unlink()  # validated, then gone by the time the trial starts
+    outcome = run_sweep(spec, expand(spec), tmp_path / "r")
+    assert len(outcome.failed) == 1
+    runs = ResultsStore(tmp_path / "r", spec.name).read("runs")
+    assert runs["status"].to_list() == ["failed"]
+    assert "corpus.txt" in runs["error"][0]
