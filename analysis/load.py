@@ -1,0 +1,250 @@
+"""Open a sweep's results store as lazy Polars tables.
+
+    >>> r = load("results/scaling")
+    >>> r.runs.filter(pl.col("status") == "done").collect()
+
+A sweep folder holds Parquet files only, one folder per table (``runs/``, ``metrics/``,
+``curves/``, ``checks/``; any may be missing) and possibly other, non-table folders
+(``ray/``, ``trials/``), which are ignored. Nothing is read here but directory listings
+and one Parquet footer per table; every table is a ``pl.LazyFrame`` whose columns are
+cast to the contract's types (``RUNS_SCHEMA`` and friends), so files written with a
+narrower integer type or an all-null column still stack.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+__all__ = [
+    "CHECKS_SCHEMA",
+    "CONFIG_COLUMNS",
+    "CURVES_SCHEMA",
+    "METRICS_SCHEMA",
+    "RUNS_SCHEMA",
+    "SIZE_COLUMNS",
+    "TABLES",
+    "NoSweepError",
+    "Results",
+    "config_label",
+    "load",
+]
+
+TABLES = ("runs", "metrics", "curves", "checks")
+
+_S, _I, _F = pl.String, pl.Int64, pl.Float64
+
+RUNS_SCHEMA: dict[str, pl.DataType] = {
+    "trial_id": _S, "sweep": _S, "status": _S,
+    "d_model": _I, "n_layers": _I, "n_heads": _I, "d_mlp": _I,
+    "params": _I, "params_non_embedding": _I, "flops_per_token": _F,
+    "optimizer": _S, "lr": _F, "norm": _S, "rotation": _S, "group_size": _I, "seed": _I,
+    "corpus": _S, "seq_len": _I, "batch_size": _I, "tokens": _I, "steps": _I,
+    "final_train_loss": _F, "final_val_loss": _F, "tokens_per_s": _F, "wall_s": _F,
+    "device": _S, "torch_version": _S, "version": _S, "git_sha": _S,
+    "corpus_fingerprint": _S, "error": _S, "config_json": _S,
+}  # fmt: skip
+METRICS_SCHEMA: dict[str, pl.DataType] = {
+    "trial_id": _S, "step": _I, "tokens": _I, "layer": _I,
+    "site": _S, "basis": _S, "metric": _S, "value": _F,
+}  # fmt: skip
+CURVES_SCHEMA: dict[str, pl.DataType] = {
+    "trial_id": _S, "step": _I, "tokens": _I, "train_loss": _F, "val_loss": _F,
+    "lr": _F, "grad_norm": _F, "tokens_per_s": _F,
+}  # fmt: skip
+CHECKS_SCHEMA: dict[str, pl.DataType] = {"trial_id": _S, "check": _S, "dtype": _S, "value": _F}
+SCHEMAS: dict[str, dict[str, pl.DataType]] = dict(
+    zip(TABLES, (RUNS_SCHEMA, METRICS_SCHEMA, CURVES_SCHEMA, CHECKS_SCHEMA), strict=True)
+)
+
+# A "config" is a grid point without its seed; seeds are replicates of it. lr is part of the
+# config so that a learning-rate sweep is never averaged as if it were replicates.
+CONFIG_COLUMNS = ("optimizer", "norm", "rotation", "group_size", "lr")
+SIZE_COLUMNS = ("d_model", "n_layers", "n_heads", "d_mlp", "params", "params_non_embedding")
+
+_CAST = pl.ScanCastOptions(
+    integer_cast="upcast", float_cast="upcast", categorical_to_string="allow"
+)
+
+
+class NoSweepError(ValueError):
+    """The path holds no sweep (or several, and it is unclear which one was meant)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Results:
+    """One sweep's tables, lazily. Empty frames (with the contract's schema) stand in for
+    tables that have no files. ``files`` lists the Parquet files behind each table."""
+
+    path: str
+    runs: pl.LazyFrame = field(repr=False)
+    metrics: pl.LazyFrame = field(repr=False)
+    curves: pl.LazyFrame = field(repr=False)
+    checks: pl.LazyFrame = field(repr=False)
+    files: Mapping[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
+
+    @property
+    def name(self) -> str:
+        """The sweep's name: its folder's name."""
+        return self.path.rstrip("/").rsplit("/", 1)[-1]
+
+    def tables(self) -> dict[str, pl.LazyFrame]:
+        """``{"runs": ..., "metrics": ..., "curves": ..., "checks": ...}``."""
+        return {t: getattr(self, t) for t in TABLES}
+
+    def done_runs(self) -> pl.LazyFrame:
+        """Runs whose status is ``done`` (failed and diverged trials excluded)."""
+        return self.runs.filter(pl.col("status") == "done")
+
+    def __repr__(self) -> str:
+        counts = ", ".join(f"{t}={len(self.files.get(t, ()))}" for t in TABLES)
+        return f"Results({self.path!r}, files: {counts})"
+
+
+def load(path: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None) -> Results:
+    """Open the sweep at ``path`` (a local folder, or ``s3://`` / ``gs://``).
+
+    ``path`` is the sweep folder (one holding ``runs/``, ``metrics/``, ``curves/`` or
+    ``checks/``), or a results folder holding exactly one sweep folder. Raises
+    ``NoSweepError`` (a ``ValueError``) when it holds none, or several (listing them).
+    ``storage_options`` go to ``pl.scan_parquet`` for remote paths; listing uses pyarrow's
+    filesystem for the URI, which takes credentials from the environment.
+    """
+    fs, root, prefix = _filesystem(path)
+    sweep = _find_sweep(fs, root, display=str(path))
+    opts = dict(storage_options) if storage_options else None
+    tables: dict[str, pl.LazyFrame] = {}
+    files: dict[str, tuple[str, ...]] = {}
+    for table in TABLES:
+        found = _parquet_files(fs, f"{sweep}/{table}")
+        files[table] = tuple(prefix + f for f in found)
+        tables[table] = _scan(fs, found, files[table], SCHEMAS[table], opts)
+    return Results(path=prefix + sweep, files=files, **tables)
+
+
+def config_label(
+    parts: Sequence[str] = ("optimizer", "norm", "rotation"), *, sep: str = " · "
+) -> pl.Expr:
+    """A readable label for a config, as an expression over run columns.
+
+    ``rotation`` reads ``partial(k)`` when ``group_size`` is set, e.g.
+    ``"adam · layernorm · shared"`` or ``"sgd · rmsnorm_scalar · partial(2)"``.
+    Nulls read ``?``. Use it with ``.with_columns(label=config_label())``.
+    """
+    exprs = []
+    for p in parts:
+        e = pl.col(p).cast(pl.String)
+        if p == "rotation":
+            gs = pl.col("group_size")
+            e = (
+                pl.when((pl.col("rotation") == "partial") & gs.is_not_null())
+                .then(pl.format("partial({})", gs))
+                .otherwise(e)
+            )
+        exprs.append(e.fill_null("?"))
+    return pl.concat_str(exprs, separator=sep).alias("config")
+
+
+# ---------------------------------------------------------------- internals
+
+
+def _filesystem(path: str | os.PathLike[str]) -> tuple[Any, str, str]:
+    """(pyarrow filesystem, root path within it, URI prefix to put back for polars)."""
+    from pyarrow import fs as pafs
+
+    text = os.fspath(path)
+    if "://" in text and not text.startswith("file://"):
+        scheme = text.split("://", 1)[0]
+        filesystem, root = pafs.FileSystem.from_uri(text)
+        return filesystem, root.rstrip("/"), f"{scheme}://"
+    local = text.removeprefix("file://")
+    return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(local)), ""
+
+
+def _info(fs: Any, path: str) -> Any:
+    return fs.get_file_info(path)
+
+
+def _is_sweep(fs: Any, folder: str) -> bool:
+    from pyarrow import fs as pafs
+
+    infos = fs.get_file_info([f"{folder}/{t}" for t in TABLES])
+    return any(i.type == pafs.FileType.Directory for i in infos)
+
+
+def _find_sweep(fs: Any, root: str, display: str) -> str:
+    from pyarrow import fs as pafs
+
+    expected = (
+        "expected a sweep folder holding runs/, metrics/, curves/ or checks/ Parquet folders, "
+        "or a results folder holding exactly one such sweep folder"
+    )
+    kind = _info(fs, root).type
+    if kind == pafs.FileType.NotFound:
+        raise NoSweepError(f"{display}: no such folder ({expected})")
+    if kind != pafs.FileType.Directory:
+        raise NoSweepError(f"{display}: not a folder ({expected})")
+    if _is_sweep(fs, root):
+        return root
+    children = sorted(
+        i.path
+        for i in fs.get_file_info(pafs.FileSelector(root))
+        if i.type == pafs.FileType.Directory and not i.base_name.startswith((".", "_"))
+    )
+    sweeps = [c for c in children if _is_sweep(fs, c)]
+    if len(sweeps) == 1:
+        return sweeps[0]
+    if sweeps:
+        names = ", ".join(s.rsplit("/", 1)[-1] for s in sweeps)
+        raise NoSweepError(
+            f"{display}: holds {len(sweeps)} sweeps ({names}); pass one of them, "
+            f"e.g. {display.rstrip('/')}/{sweeps[0].rsplit('/', 1)[-1]}"
+        )
+    raise NoSweepError(f"{display}: no sweep found ({expected})")
+
+
+def _parquet_files(fs: Any, folder: str) -> list[str]:
+    """Every ``*.parquet`` under ``folder`` (recursively), skipping hidden and temporary
+    files (names starting with ``.`` or ``_``: in-flight atomic writes)."""
+    from pyarrow import fs as pafs
+
+    selector = pafs.FileSelector(folder, allow_not_found=True, recursive=True)
+    out = []
+    for info in fs.get_file_info(selector):
+        if info.type != pafs.FileType.File or not info.base_name.endswith(".parquet"):
+            continue
+        rel = info.path[len(folder) :].strip("/")
+        if any(part.startswith((".", "_")) for part in rel.split("/")):
+            continue
+        out.append(info.path)
+    return sorted(out)
+
+
+def _scan(
+    fs: Any,
+    found: list[str],
+    uris: tuple[str, ...],
+    contract: dict[str, pl.DataType],
+    storage_options: dict[str, Any] | None,
+) -> pl.LazyFrame:
+    """Scan ``uris`` as one frame: the contract's columns with the contract's types (missing
+    ones inserted as nulls), plus any extra columns the first file has (new grid axes)."""
+    if not found:
+        return pl.LazyFrame(schema=contract)
+    import pyarrow.parquet as pq
+
+    first = pl.from_arrow(pq.read_schema(found[0], filesystem=fs).empty_table()).schema
+    schema = dict(contract)
+    schema.update({k: v for k, v in first.items() if k not in contract and v != pl.Null})
+    return pl.scan_parquet(
+        list(uris),
+        schema=schema,
+        missing_columns="insert",
+        extra_columns="ignore",
+        cast_options=_CAST,
+        storage_options=storage_options,
+    )
