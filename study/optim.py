@@ -125,7 +125,8 @@ class _Bucket:
     shape2: tuple[int, ...]  # per-parameter shape the rotations see: (), (n,) or (out, in)
     exp_avg: Tensor  # (K, *shape2), in the rotated basis
     exp_avg_sq: Tensor  # (K, *shape2), in the rotated basis
-    step: Tensor  # (K,) float32
+    step: Tensor  # (K,) float32, a slice of the group's step vector on this device
+    offset: int  # where `step` starts in that vector
     basis_out: Tensor | None  # (K, out, out) or (K, n, n) for vectors
     basis_in: Tensor | None  # (K, in, in)
 
@@ -287,33 +288,45 @@ class RotatedAdam(torch.optim.Optimizer):
         return out[0], out[1]
 
     def _build_buckets(self) -> None:
-        """Stack the state of equal-shaped parameters per group; state entries become views."""
+        """Stack the state of equal-shaped parameters per group; state entries become views.
+
+        A group's per-parameter step counters on one device are one vector, so the usual step
+        (every parameter has a gradient) computes its bias corrections once per group.
+        """
         keyed: dict[tuple[Any, ...], list[Tensor]] = {}
         for gi, _, _, p in self._named():
             s = self.state[p]
-            key = (gi, _shape2(p), p.dtype, p.device, s["basis_out"] is None, s["basis_in"] is None)
+            key = (gi, str(p.device), _shape2(p), p.dtype, s["basis_out"] is None, s["basis_in"] is None)
             keyed.setdefault(key, []).append(p)
-        self._buckets = []
-        for (gi, shape2, dtype, device, no_out, no_in), ps in keyed.items():
+        self._buckets, self._steps = [], {}
+        for (gi, _, shape2, dtype, no_out, no_in), ps in sorted(keyed.items(), key=lambda kv: kv[0][:2]):
             st = [self.state[p] for p in ps]
+            device = ps[0].device
 
             def stack(key: str, shape: tuple[int, ...], dt: torch.dtype = dtype) -> Tensor:
                 return torch.stack([s[key].to(device=device, dtype=dt).reshape(shape) for s in st])
 
-            b = _Bucket(
+            prev = self._steps.get((gi, device))
+            offset = 0 if prev is None else prev.numel()
+            steps = stack("step", (), torch.float32)
+            self._steps[(gi, device)] = steps if prev is None else torch.cat([prev, steps])
+            self._buckets.append(_Bucket(
                 group=gi, params=ps, shape2=shape2,
                 exp_avg=stack("exp_avg", shape2), exp_avg_sq=stack("exp_avg_sq", shape2),
-                step=stack("step", (), torch.float32),
+                step=steps, offset=offset,
                 basis_out=None if no_out else stack("basis_out", (shape2[0], shape2[0])),
                 basis_in=None if no_in else stack("basis_in", (shape2[1], shape2[1])),
-            )
-            for k, (p, s) in enumerate(zip(ps, st)):
-                s["exp_avg"] = b.exp_avg[k].view(p.shape)
-                s["exp_avg_sq"] = b.exp_avg_sq[k].view(p.shape)
-                s["step"] = b.step[k]
-                s["basis_out"] = None if no_out else b.basis_out[k]
-                s["basis_in"] = None if no_in else b.basis_in[k]
-            self._buckets.append(b)
+            ))
+        for b in self._buckets:  # now that the step vectors are final: views everywhere
+            k = len(b.params)
+            b.step = self._steps[(b.group, b.params[0].device)][b.offset : b.offset + k]
+            for i, p in enumerate(b.params):
+                s = self.state[p]
+                s["exp_avg"] = b.exp_avg[i].view(p.shape)
+                s["exp_avg_sq"] = b.exp_avg_sq[i].view(p.shape)
+                s["step"] = b.step[i]
+                s["basis_out"] = None if b.basis_out is None else b.basis_out[i]
+                s["basis_in"] = None if b.basis_in is None else b.basis_in[i]
 
     # -- step -------------------------------------------------------------------------------
 
@@ -324,52 +337,91 @@ class RotatedAdam(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        # Decoupled weight decay first, on the pre-update weights (as torch AdamW).
-        for group in self.param_groups:
+        params: list[Tensor] = []
+        updates: list[Tensor] = []
+        for gi, group in enumerate(self.param_groups):
+            # Decoupled weight decay first, on the pre-update weights (as torch AdamW).
             lr, wd = group["lr"], group["weight_decay"]
             if wd != 0:
                 decayed = [p for p in group["params"] if p.grad is not None]
                 if decayed:
                     torch._foreach_mul_(decayed, 1 - lr * wd)
-        params: list[Tensor] = []
-        updates: list[Tensor] = []
-        for b in self._buckets:
-            have = [p.grad is not None for p in b.params]
-            if all(have):  # the usual case: the whole bucket in one batched update
-                parts = [(b.params, slice(None))]
-            else:  # some parameters got no gradient: step the others one by one
-                parts = [([p], slice(k, k + 1)) for k, p in enumerate(b.params) if have[k]]
-            for ps, sl in parts:
-                u = self._update(b, sl, [p.grad for p in ps], self.param_groups[b.group])
-                params += ps
-                updates += [u_k.view(p.shape) for u_k, p in zip(u.unbind(0), ps)]
+            parts: list[tuple[_Bucket, slice, list[Tensor]]] = []
+            whole = True  # every parameter of the group has a gradient
+            for b in self._buckets:
+                if b.group != gi:
+                    continue
+                grads = [p.grad for p in b.params]
+                if all(g is not None for g in grads):  # the usual case: one batched update
+                    parts.append((b, slice(None), grads))
+                else:  # some parameters got no gradient: step the others one by one
+                    whole = False
+                    parts += [(b, slice(k, k + 1), [g]) for k, g in enumerate(grads) if g is not None]
+            if parts:
+                params += [p for b, sl, _ in parts for p in b.params[sl]]
+                updates += self._update(gi, group, parts, whole)
         if params:
             torch._foreach_add_(params, updates)
         return loss
 
-    @staticmethod
-    def _update(b: _Bucket, sl: slice, grads: list[Tensor], group: dict[str, Any]) -> Tensor:
-        """The update -lr Qo U~ Qi^T for the bucket slice `sl`, (K, *shape2); advances m, v, step."""
-        if any(g.is_sparse for g in grads):
-            raise RuntimeError("RotatedAdam does not support sparse gradients")
+    def _update(self, gi: int, group: dict[str, Any], parts: list[tuple[_Bucket, slice, list[Tensor]]], whole: bool) -> list[Tensor]:
+        """Advance m, v, step of each (bucket, slice, grads) part; return -lr Qo U~ Qi^T per parameter."""
         (b1, b2), eps, lr = group["betas"], group["eps"], group["lr"]
-        qo = None if b.basis_out is None else b.basis_out[sl]
-        qi = None if b.basis_in is None else b.basis_in[sl]
-        m, v, step = b.exp_avg[sl], b.exp_avg_sq[sl], b.step[sl]
-        k = m.shape[0]
-        g = torch.stack(grads).view(k, *b.shape2)  # (K, *shape2)
-        g = _to_basis(g, qo, qi)  # G~ = Qo^T G Qi
-        step.add_(1)
-        m.lerp_(g, 1 - b1)
-        v.mul_(b2).addcmul_(g, g, value=1 - b2)
-        # Bias corrections per parameter, on device, at least float32 (float64 for float64 params).
-        s = step.to(torch.promote_types(m.dtype, torch.float32))
-        bshape = (k,) + (1,) * len(b.shape2)
-        neg_step_size = ((1 - b1**s).reciprocal() * -lr).to(m.dtype).view(bshape)  # -lr / bc1
-        bc2_sqrt = (1 - b2**s).sqrt().to(m.dtype).view(bshape)
-        denom = (v.sqrt() / bc2_sqrt).add_(eps)
-        u = (m / denom).mul_(neg_step_size)  # -lr U~
-        return _from_basis(u, qo, qi)  # -lr Qo U~ Qi^T
+        if any(g.is_sparse for _, _, gs in parts for g in gs):
+            raise RuntimeError("RotatedAdam does not support sparse gradients")
+        # Bias corrections, per parameter, on device: -lr / bc1 and sqrt(bc2). Computed in float64
+        # for float64 parameters, else float32; once per group (and device) when all step.
+        scales: list[tuple[Tensor, Tensor]] = []
+        if whole:
+            full = {}
+            for (g, device), steps in self._steps.items():
+                if g == gi:
+                    steps.add_(1)
+                    wide = any(b.exp_avg.dtype == torch.float64 for b, _, _ in parts if b.params[0].device == device)
+                    full[device] = _bias_corrections(steps, b1, b2, lr, torch.float64 if wide else torch.float32)
+            for b, _, _ in parts:
+                nss, bc2 = full[b.params[0].device]
+                scales.append((nss[b.offset : b.offset + len(b.params)], bc2[b.offset : b.offset + len(b.params)]))
+        else:
+            for b, sl, _ in parts:
+                steps = b.step[sl]
+                steps.add_(1)
+                scales.append(_bias_corrections(steps, b1, b2, lr, torch.promote_types(b.exp_avg.dtype, torch.float32)))
+        # Into the optimiser's basis: G~ = Qo^T G Qi, one bmm per bucket and side.
+        g_t, ms, vs, nss, bc2 = [], [], [], [], []
+        for (b, sl, grads), (ns, bc) in zip(parts, scales):
+            k = len(grads)
+            bshape = (k,) + (1,) * len(b.shape2)
+            g_t.append(_to_basis(torch.stack(grads).view(k, *b.shape2), _side(b.basis_out, sl), _side(b.basis_in, sl)))
+            ms.append(b.exp_avg[sl])
+            vs.append(b.exp_avg_sq[sl])
+            nss.append(ns.to(b.exp_avg.dtype).view(bshape))
+            bc2.append(bc.to(b.exp_avg.dtype).view(bshape))
+        # Adam on the stacked moments, every bucket of the group in each foreach call.
+        torch._foreach_lerp_(ms, g_t, 1 - b1)
+        torch._foreach_mul_(vs, b2)
+        torch._foreach_addcmul_(vs, g_t, g_t, value=1 - b2)
+        denom = torch._foreach_sqrt(vs)
+        torch._foreach_div_(denom, bc2)
+        torch._foreach_add_(denom, eps)
+        u_t = torch._foreach_div(ms, denom)
+        torch._foreach_mul_(u_t, nss)  # -lr U~
+        # Back to the parameter basis: -lr Qo U~ Qi^T, split into per-parameter views.
+        out: list[Tensor] = []
+        for (b, sl, _), u in zip(parts, u_t):
+            u = _from_basis(u, _side(b.basis_out, sl), _side(b.basis_in, sl))
+            out += [u_k.view(p.shape) for u_k, p in zip(u.unbind(0), b.params[sl])]
+        return out
+
+
+def _side(basis: Tensor | None, sl: slice) -> Tensor | None:
+    return None if basis is None else basis[sl]
+
+
+def _bias_corrections(steps: Tensor, b1: float, b2: float, lr: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """(-lr / (1 - b1^t), sqrt(1 - b2^t)) for a vector of step counts t, in `dtype`, on device."""
+    t = steps.to(dtype)
+    return (1 - b1**t).reciprocal_().mul_(-lr), (1 - b2**t).sqrt_()
 
 
 def _to_basis(g: Tensor, qo: Tensor | None, qi: Tensor | None) -> Tensor:

@@ -321,11 +321,11 @@ def test_trains_the_real_model(rotate: str, norm: str) -> None:
     first = None
     for _ in range(8):  # overfit one batch
         _, loss = model(x, y)
-        first = float(loss) if first is None else first
+        first = float(loss.detach()) if first is None else first
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-    assert float(model(x, y)[1]) < first - 0.05
+    assert float(model(x, y)[1].detach()) < first - 0.05
 
 
 def test_real_model_float64_identity_bases_match_adamw() -> None:
