@@ -1,0 +1,232 @@
+"""Basis-alignment metrics (pure tensor functions) and the ActivationProbe that applies them.
+
+Every metric takes a tensor whose LAST dim is the basis (any leading shape: (B, T, d) and
+(B*T, d) give the same value), upcasts to float32 on the tensor's own device, never syncs
+with the host and returns a 0-d float32 tensor (counts included, so that a probe can stack
+everything into one tensor and read it back once).
+
+Tokens whose value is undefined (a constant vector has no kurtosis) are left out of the
+token averages (nanmean); if every token is undefined the result is nan.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from study.rotation import generator_for, random_orthogonal
+
+METRICS = ("kurtosis", "neuron_kurtosis", "outlier_dims_abs", "outlier_dims_rel", "max_abs", "max_median_ratio")
+"""Metric names measured at every (layer, site, basis)."""
+
+
+def _tokens(x: Tensor) -> Tensor:
+    """(..., d) -> (N, d) float32 (a view when x is already float32 and contiguous)."""
+    return x.float().reshape(-1, x.shape[-1])
+
+
+# ---- per-tensor metrics ---------------------------------------------------------------------
+
+
+def kurtosis(x: Tensor) -> Tensor:
+    """Elhage et al.'s activation kurtosis: for each token vector v in R^d, with m = mean(v),
+    k = mean((v - m)^4) / mean((v - m)^2)^2, averaged over tokens.
+
+    Gaussian coordinates give 3, Laplace 6; always in [1, d - 2 + 1/(d-1)]; invariant to scaling
+    v. Computed as mean(z^4) with z = (v - m) / std(v) so that large activations cannot
+    overflow float32. Tokens whose std is below 1e-6 of their RMS (constant up to rounding)
+    are undefined and left out.
+    """
+    v = _tokens(x)
+    c = v - v.mean(-1, keepdim=True)
+    m2 = c.pow(2).mean(-1, keepdim=True)
+    k = (c * torch.rsqrt(m2)).pow(4).mean(-1, keepdim=True)
+    # a (numerically) constant token has no kurtosis: std below 1e-6 of its RMS is rounding
+    k = torch.where(m2 > 1e-12 * v.pow(2).mean(-1, keepdim=True), k, torch.nan)
+    return torch.nanmean(k)
+
+
+def neuron_kurtosis(x: Tensor) -> Tensor:
+    """He et al. (2024)'s kurtosis across coordinates: s_j = RMS over tokens of coordinate j,
+    mean_j(s_j^4) / mean_j(s_j^2)^2. Equal coordinate scales give 1; one coordinate carrying
+    all the energy gives d."""
+    s2 = _tokens(x).pow(2).mean(0)  # (d,) = s_j^2
+    r = s2 / s2.mean()
+    return r.pow(2).mean()
+
+
+def outlier_dims(x: Tensor, threshold: float = 6.0, relative: bool = False) -> Tensor:
+    """Number of coordinates j with |x_j| > threshold on at least one token; with relative,
+    |x_j| > threshold x that token's RMS (scale-free; needs d > threshold^2 to be non-zero,
+    since max_j |x_j| <= sqrt(d) RMS)."""
+    v = _tokens(x)
+    a = v.abs()
+    limit = threshold * v.pow(2).mean(-1, keepdim=True).sqrt() if relative else threshold
+    return (a > limit).any(0).sum().float()
+
+
+def max_abs(x: Tensor) -> Tensor:
+    """Largest |x| over every token and coordinate."""
+    return _tokens(x).abs().amax()
+
+
+def max_median_ratio(x: Tensor) -> Tensor:
+    """Per token max_j |x_j| / median_j |x_j|, averaged over tokens. The median of an even
+    number of values is the mean of the middle two. A token whose median is 0 gives inf
+    (0/0: nan, left out)."""
+    a = _tokens(x).abs()  # (N, d)
+    d = a.shape[-1]
+    lower = a.median(-1, keepdim=True).values  # the ((d+1)//2)-th smallest
+    if d % 2:
+        median = lower
+    else:  # upper middle = the (d/2 + 1)-th smallest, without a second selection pass:
+        # it equals `lower` when `lower` occurs past rank d/2, else the least value above it
+        ties = (a <= lower).sum(-1, keepdim=True) > d // 2
+        above = torch.where(a > lower, a, torch.inf).amin(-1, keepdim=True)
+        median = 0.5 * (lower + torch.where(ties, lower, above))
+    return torch.nanmean(a.amax(-1, keepdim=True) / median)
+
+
+# ---- model-level: Dettmers et al. (2022) -----------------------------------------------------
+
+
+def _dettmers_hits(x: Tensor, threshold: float, pos_frac: float) -> Tensor:
+    """(d,) bool: coordinate j has |x_j| >= threshold on at least pos_frac of the tokens (and
+    on at least one)."""
+    v = _tokens(x)
+    need = max(1, math.ceil(pos_frac * v.shape[0] - 1e-9))  # exact integer compare, no float fuzz
+    return (v.abs() >= threshold).sum(0) >= need
+
+
+def _dettmers_count(hits: Tensor, layer_frac: float) -> Tensor:
+    """hits (L, d) bool -> number of coordinates that count in at least layer_frac of the L."""
+    need = max(1, math.ceil(layer_frac * hits.shape[0] - 1e-9))
+    return (hits.sum(0) >= need).sum().float()
+
+
+def dettmers_outliers(
+    normalised_inputs: Sequence[Tensor], threshold: float = 6.0, layer_frac: float = 0.25, pos_frac: float = 0.06
+) -> Tensor:
+    """Dettmers et al. (LLM.int8(), 2022) model-level outlier count.
+
+    `normalised_inputs` is one tensor (..., d) per layer input, all with the same d (the probe
+    passes every attn_in and mlp_in, so L blocks give 2L "layers"). Coordinate j *counts in a
+    layer* if |x_j| >= threshold on at least pos_frac of that layer's tokens (all leading dims
+    flattened; and on at least one token). The model count is the number of coordinates j that
+    count in at least layer_frac of the layers (and in at least one). Fractions are compared as
+    integer counts: ceil(frac x n) of n. Coordinate j means the j-th axis of each layer's own
+    computation basis, so with independent rotations the layers' axes are unrelated.
+    """
+    if not normalised_inputs:
+        raise ValueError("dettmers_outliers needs at least one layer input")
+    hits = torch.stack([_dettmers_hits(x, threshold, pos_frac) for x in normalised_inputs])  # (L, d)
+    return _dettmers_count(hits, layer_frac)
+
+
+# ---- the probe --------------------------------------------------------------------------------
+
+
+@dataclass
+class ProbeResult:
+    """One probe pass: metric rows (layer, site, basis, metric, value) and the eval loss."""
+
+    rows: list[dict] = field(default_factory=list)
+    val_loss: float = float("nan")
+
+
+class ActivationProbe:
+    """Measures every metric at every site and basis in ONE no-grad forward pass.
+
+    Sites (blocks numbered 1..L):
+    - `resid`, basis `stored`, layers 0..L: layer 0 = the input of blocks[0] (embeddings),
+      layer l = the output of blocks[l-1];
+    - `resid`, basis `random`: the same activations times one fixed Haar-random orthogonal
+      matrix drawn from `generator_for(seed, "probe")` (the control: reads about 3);
+    - `attn_in` / `mlp_in`, basis `computation`, layers 1..L: outputs of block.attn_norm /
+      block.mlp_norm (what the layer's first linear map sees, in its own basis);
+    - `mlp_act`, basis `neuron`, layers 1..L: output of block.mlp.act;
+    - `model`, basis `computation`, layer -1: `dettmers_outliers` over all attn_in + mlp_in.
+
+    Forward hooks exist only during `run` (removed in a finally), so training pays nothing.
+    Metrics are computed inside the hooks, as each activation appears (so later in-place ops
+    cannot change it and no activation is kept), with autocast off (float32). All values and
+    the loss are stacked and read back with ONE host transfer. The caller chooses the
+    forward's autocast context; the probe puts the model in eval mode and restores its mode.
+    A torch.compile wrapper is unwrapped (hooks run on the eager module).
+    """
+
+    def __init__(self, model: nn.Module, seed: int, threshold: float = 6.0):
+        self.model = getattr(model, "_orig_mod", model)
+        self.seed = seed
+        self.threshold = threshold
+        self._basis: Tensor | None = None
+
+    def random_basis(self, d: int, device: torch.device) -> Tensor:
+        """The fixed (d, d) float32 Haar-random orthogonal matrix of this probe's seed."""
+        if self._basis is None or self._basis.shape[0] != d or self._basis.device != device:
+            q = random_orthogonal(d, generator_for(self.seed, "probe"), dtype=torch.float32)
+            self._basis = q.to(device)
+        return self._basis
+
+    def run(self, x: Tensor, y: Tensor) -> ProbeResult:
+        """One forward on (x, y); every (layer, site, basis, metric) row exactly once."""
+        model, blocks = self.model, self.model.blocks
+        keys: list[tuple[int, str, str, str]] = []
+        values: list[Tensor] = []
+        hits: list[Tensor] = []
+
+        def measure(layer: int, site: str, basis: str, act: Tensor) -> None:
+            with torch.autocast(act.device.type, enabled=False):
+                a = _tokens(act.detach())
+                if basis == "random":
+                    a = a @ self.random_basis(a.shape[-1], a.device)
+                vals = (
+                    kurtosis(a), neuron_kurtosis(a),
+                    outlier_dims(a, self.threshold), outlier_dims(a, self.threshold, relative=True),
+                    max_abs(a), max_median_ratio(a),
+                )
+                if site in ("attn_in", "mlp_in"):
+                    hits.append(_dettmers_hits(a, self.threshold, pos_frac=0.06))
+            keys.extend((layer, site, basis, m) for m in METRICS)
+            values.extend(vals)
+
+        def resid(layer: int, act: Tensor) -> None:
+            measure(layer, "resid", "stored", act)
+            measure(layer, "resid", "random", act)
+
+        def on_output(layer: int, site: str, basis: str):
+            def hook(_module, _inputs, output):
+                if site == "resid":
+                    resid(layer, output)
+                else:
+                    measure(layer, site, basis, output)
+            return hook
+
+        handles = [blocks[0].register_forward_pre_hook(lambda _m, args: resid(0, args[0]))]
+        for l, block in enumerate(blocks, start=1):
+            handles += [
+                block.register_forward_hook(on_output(l, "resid", "stored")),
+                block.attn_norm.register_forward_hook(on_output(l, "attn_in", "computation")),
+                block.mlp_norm.register_forward_hook(on_output(l, "mlp_in", "computation")),
+                block.mlp.act.register_forward_hook(on_output(l, "mlp_act", "neuron")),
+            ]
+        was_training = model.training
+        try:
+            model.eval()
+            with torch.no_grad():
+                _, loss = model(x, y)
+        finally:
+            for h in handles:
+                h.remove()
+            model.train(was_training)
+
+        keys.append((-1, "model", "computation", "dettmers_outliers"))
+        values.append(_dettmers_count(torch.stack(hits), layer_frac=0.25))
+        out = torch.stack([v.float() for v in values] + [loss.detach().float()]).tolist()  # the one host sync
+        rows = [{"layer": l, "site": s, "basis": b, "metric": m, "value": v} for (l, s, b, m), v in zip(keys, out)]
+        return ProbeResult(rows=rows, val_loss=out[-1])

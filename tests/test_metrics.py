@@ -1,0 +1,299 @@
+"""Metrics on known distributions and hand-built tensors; the ActivationProbe on the real model."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from study.config import TrialConfig
+from study.metrics import (
+    METRICS,
+    ActivationProbe,
+    dettmers_outliers,
+    kurtosis,
+    max_abs,
+    max_median_ratio,
+    neuron_kurtosis,
+    outlier_dims,
+)
+from study.model import Transformer
+from study.rotation import generator_for, random_orthogonal
+
+
+def gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def gaussian(n: int, d: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(n, d, generator=gen(seed))
+
+
+# ---- known distributions ------------------------------------------------------------------
+
+
+def test_gaussian_kurtosis_is_three_and_neuron_kurtosis_one():
+    x = gaussian(4096, 1024)
+    # per-token sample kurtosis has bias about -6/(d+1) and std sqrt(24/d)/sqrt(n) ~ 0.002
+    assert kurtosis(x).item() == pytest.approx(3.0, abs=0.02)
+    assert neuron_kurtosis(x).item() == pytest.approx(1.0, abs=0.01)
+
+
+def test_laplace_kurtosis_is_six():
+    g = gen(1)
+    e1 = torch.empty(2048, 4096).exponential_(generator=g)
+    e2 = torch.empty(2048, 4096).exponential_(generator=g)
+    assert kurtosis(e1 - e2).item() == pytest.approx(6.0, abs=0.1)  # E1 - E2 ~ Laplace(0, 1)
+
+
+def test_random_rotation_removes_basis_aligned_tails():
+    n, d = 2048, 256
+    x = gaussian(n, d, seed=2)
+    x[:, :4] *= 40.0  # a few huge, basis-aligned coordinates
+    q = random_orthogonal(d, generator_for(0, "test"), dtype=torch.float32)
+    assert kurtosis(x).item() > 30
+    assert neuron_kurtosis(x).item() > 10
+    assert kurtosis(x @ q).item() == pytest.approx(3.0, abs=0.15)
+    assert neuron_kurtosis(x @ q).item() < 2.0  # the energy is spread over every coordinate
+
+
+def test_one_spike_neuron_kurtosis_is_d():
+    x = torch.zeros(10, 16)
+    x[:, 3] = torch.arange(1.0, 11.0)
+    assert neuron_kurtosis(x).item() == pytest.approx(16.0)
+
+
+# ---- hand-built -----------------------------------------------------------------------------
+
+
+def test_outlier_dims_absolute():
+    x = torch.zeros(3, 8)
+    x[0, 1], x[1, 1] = 7.0, -8.0  # one coordinate, twice
+    x[2, 5] = 6.0  # exactly the threshold: not "exceeds"
+    x[1, 7] = -6.5
+    assert outlier_dims(x).item() == 2
+    assert outlier_dims(x, threshold=5.0).item() == 3
+    assert outlier_dims(x, threshold=10.0).item() == 0
+
+
+def test_outlier_dims_relative_is_scale_free():
+    x = torch.ones(2, 64)
+    x[0, 0] = 10.0  # rms = sqrt((63 + 100) / 64) = 1.596; 6 rms = 9.58 < 10
+    x[1, 2] = 9.0  # rms = sqrt((63 + 81) / 64) = 1.5; 6 rms = 9.0: not strictly above
+    assert outlier_dims(x, relative=True).item() == 1
+    assert outlier_dims(x * 1000, relative=True).item() == 1
+    assert outlier_dims(x * 1000).item() == 64  # the absolute count is not scale-free
+    assert outlier_dims(torch.ones(5, 36) * 100, relative=True).item() == 0  # d <= 36: always 0
+
+
+def test_max_abs_and_max_median_ratio():
+    x = torch.tensor([[1.0, -2.0, 3.0, 4.0], [-1.0, 5.0, 2.0, 0.5], [1.0, 1.0, 1.0, -4.0]])
+    # |.| medians: 2.5 (even d: mean of the middle two), 1.5, 1.0 -> ratios 1.6, 10/3, 4
+    assert max_abs(x).item() == 5.0
+    assert max_median_ratio(x).item() == pytest.approx((1.6 + 5 / 1.5 + 4.0) / 3)
+    assert max_median_ratio(torch.tensor([[-1.0, 5.0, 2.0]])).item() == pytest.approx(2.5)  # odd d
+    assert max_median_ratio(torch.tensor([[0.0, 0.0, 0.0, 1.0]])).item() == math.inf
+
+
+def test_max_median_ratio_matches_quantile_median():
+    x = torch.randint(-3, 4, (200, 10), generator=gen(3)).float()
+    a = x.abs()
+    ref = torch.nanmean(a.amax(-1) / a.quantile(0.5, dim=-1))
+    torch.testing.assert_close(max_median_ratio(x), ref, equal_nan=True)
+
+
+def test_dettmers_outliers_hand_built():
+    n_layers, n, d = 8, 100, 6  # needs >= 2 of 8 layers and >= 6 of 100 tokens
+    layers = [torch.zeros(n, d) for _ in range(n_layers)]
+    for l in range(n_layers):
+        layers[l][:5, 1] = 9.0  # 5% of tokens in every layer: never counts in a layer
+    layers[0][:50, 0] = 7.0  # 50% of tokens but in only 1 layer: not a model outlier
+    for l in (2, 5):
+        layers[l][:6, 2] = 6.0  # exactly 6% of tokens, exactly the threshold (>=), 2 of 8 layers
+        layers[l][10:16, 3] = -7.0  # negative values count by |x|
+    for l in range(n_layers):
+        layers[l][:, 4] = 5.9  # below the threshold everywhere
+    assert dettmers_outliers(layers).item() == 2
+    assert dettmers_outliers(layers, layer_frac=0.1).item() == 3  # 1 of 8 layers suffices
+    assert dettmers_outliers(layers, pos_frac=0.05).item() == 3  # coordinate 1 now counts; 0 still in 1 layer only
+    assert dettmers_outliers(layers, pos_frac=0.05, layer_frac=0.1).item() == 4
+    assert dettmers_outliers([t.view(4, 25, d) for t in layers]).item() == 2  # leading shape
+
+
+def test_dettmers_needs_layers():
+    with pytest.raises(ValueError):
+        dettmers_outliers([])
+
+
+ALL = [kurtosis, neuron_kurtosis, outlier_dims, lambda x: outlier_dims(x, relative=True), max_abs, max_median_ratio]
+
+
+@pytest.mark.parametrize("fn", ALL)
+def test_leading_shape_invariance_dtype_and_0d(fn):
+    x = gaussian(6 * 20, 48, seed=4) * torch.linspace(0.5, 8.0, 48)
+    flat, batched = fn(x), fn(x.view(6, 20, 48))
+    assert flat.shape == () and flat.dtype == torch.float32
+    torch.testing.assert_close(flat, batched)
+    torch.testing.assert_close(fn(x.bfloat16()), fn(x.bfloat16().float()))  # upcast, not bf16 maths
+
+
+def test_constant_tokens_are_left_out_of_kurtosis():
+    x = torch.stack([torch.full((8,), 3.0), torch.tensor([1.0, 0, 0, 0, 0, 0, 0, 0])])
+    one_spike = 8 - 2 + 1 / 7  # the largest kurtosis d values can have
+    assert kurtosis(x).item() == pytest.approx(one_spike)
+    assert math.isnan(kurtosis(torch.ones(3, 8)).item())
+
+
+# ---- properties -------------------------------------------------------------------------------
+
+token_arrays = hnp.arrays(
+    np.int16, hnp.array_shapes(min_dims=2, max_dims=2, min_side=2, max_side=48), elements=st.integers(-1000, 1000)
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(token_arrays, st.integers(-12, 12))
+def test_kurtosis_bounds_and_scale_invariance(a, k):
+    x = torch.from_numpy(a.astype(np.float32)) / 10
+    value = kurtosis(x)
+    assume(not torch.isnan(value))
+    d = x.shape[-1]
+    assert 1.0 - 1e-4 <= value.item() <= d - 2 + 1 / (d - 1) + 1e-3
+    torch.testing.assert_close(kurtosis(x * 2.0**k), value, rtol=1e-5, atol=0)  # powers of two are exact
+    torch.testing.assert_close(kurtosis(x * 3.7), value, rtol=1e-3, atol=1e-4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(token_arrays, st.integers(-12, 12), st.floats(0.5, 10.0))
+def test_relative_outliers_scale_invariant(a, k, threshold):
+    x = torch.from_numpy(a.astype(np.float32)) / 10
+    assert outlier_dims(x * 2.0**k, threshold, relative=True) == outlier_dims(x, threshold, relative=True)
+
+
+@settings(max_examples=40, deadline=None)
+@given(token_arrays)
+def test_neuron_kurtosis_bounds(a):
+    x = torch.from_numpy(a.astype(np.float32))
+    assume(bool((x != 0).any()))
+    assert 1.0 - 1e-4 <= neuron_kurtosis(x).item() <= x.shape[-1] + 1e-3
+
+
+# ---- the probe -------------------------------------------------------------------------------
+
+
+def tiny_model(d_model: int = 64, n_layers: int = 2, norm: str = "layernorm", rotation: str = "none") -> Transformer:
+    cfg = TrialConfig.model_validate({
+        "model": {"d_model": d_model, "n_layers": n_layers, "n_heads": 2}, "norm": norm, "rotation": rotation,
+        "optimizer": {"name": "adam", "lr": 1e-3}, "train": {"steps": 1}, "data": {"seq_len": 16},
+    })
+    return Transformer.from_config(cfg)
+
+
+def batch(b: int = 4, t: int = 16, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = gen(seed)
+    return torch.randint(0, 256, (b, t), generator=g), torch.randint(0, 256, (b, t), generator=g)
+
+
+def expected_keys(n_layers: int) -> set[tuple]:
+    keys = {(l, "resid", b, m) for l in range(n_layers + 1) for b in ("stored", "random") for m in METRICS}
+    keys |= {(l, s, "computation", m) for l in range(1, n_layers + 1) for s in ("attn_in", "mlp_in") for m in METRICS}
+    keys |= {(l, "mlp_act", "neuron", m) for l in range(1, n_layers + 1) for m in METRICS}
+    return keys | {(-1, "model", "computation", "dettmers_outliers")}
+
+
+def all_hooks(model: torch.nn.Module) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+@pytest.mark.parametrize("rotation", ["none", "independent"])
+def test_probe_rows_once_each_one_forward_and_loss(rotation):
+    model = tiny_model(n_layers=3, rotation=rotation)
+    x, y = batch()
+    calls = []
+    model.register_forward_pre_hook(lambda *_: calls.append(1))
+    before = all_hooks(model)
+    result = ActivationProbe(model, seed=0).run(x, y)
+    assert len(calls) == 1
+    keys = [(r["layer"], r["site"], r["basis"], r["metric"]) for r in result.rows]
+    assert len(keys) == len(set(keys)) and set(keys) == expected_keys(3)
+    assert all(isinstance(r["value"], float) and math.isfinite(r["value"]) for r in result.rows)
+    assert all_hooks(model) == before  # the probe's hooks are gone
+    with torch.no_grad():
+        _, loss = model(x, y)
+    assert result.val_loss == pytest.approx(loss.item(), rel=1e-6)
+    assert model.training  # mode restored
+
+
+def test_probe_sites_match_direct_measurement():
+    model = tiny_model()
+    x, y = batch()
+    rows = {(r["layer"], r["site"], r["basis"], r["metric"]): r["value"] for r in ActivationProbe(model, 0).run(x, y).rows}
+    with torch.no_grad():
+        emb = model.tok_emb(x) + model.pos_emb(torch.arange(x.shape[1]))
+        after1 = model.blocks[0](emb)
+        attn_in2 = model.blocks[1].attn_norm(after1)
+    assert rows[(0, "resid", "stored", "kurtosis")] == pytest.approx(kurtosis(emb).item(), rel=1e-5)
+    assert rows[(1, "resid", "stored", "max_abs")] == pytest.approx(max_abs(after1).item(), rel=1e-5)
+    assert rows[(2, "attn_in", "computation", "max_median_ratio")] == pytest.approx(max_median_ratio(attn_in2).item(), rel=1e-5)
+
+
+def test_probe_random_basis_reads_three_under_heavy_tails():
+    model = tiny_model(d_model=128)
+    with torch.no_grad():  # every token id gets a huge coordinate of its own: basis-aligned tails
+        ids = torch.arange(256)
+        model.tok_emb.weight[ids, ids % 128] += 30.0
+    x, y = batch(b=8)
+    rows = ActivationProbe(model, seed=0).run(x, y).rows
+    k = {(r["layer"], r["basis"]): r["value"] for r in rows if r["site"] == "resid" and r["metric"] == "kurtosis"}
+    for layer in range(3):
+        assert k[(layer, "stored")] > 50
+        assert k[(layer, "random")] == pytest.approx(3.0, abs=0.3)
+
+
+def test_probe_hooks_removed_after_an_error():
+    model = tiny_model()
+    probe = ActivationProbe(model, 0)
+    with pytest.raises(ValueError):
+        probe.run(*batch(t=32))  # longer than the model's seq_len: the forward raises
+    assert all_hooks(model) == 0
+
+
+def test_probe_one_host_transfer(monkeypatch):
+    model = tiny_model()
+    x, y = batch()
+    probe = ActivationProbe(model, 0)
+    probe.run(x, y)  # builds the random basis once
+    counts = {"tolist": 0, "item": 0, "cpu": 0, "numpy": 0}
+    for name in counts:
+        original = getattr(torch.Tensor, name)
+
+        def counting(self, *a, _name=name, _orig=original, **k):
+            counts[_name] += 1
+            return _orig(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, counting)
+    probe.run(x, y)
+    assert counts == {"tolist": 1, "item": 0, "cpu": 0, "numpy": 0}
+
+
+def test_probe_under_bf16_autocast():
+    model = tiny_model()
+    x, y = batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        result = ActivationProbe(model, 0).run(x, y)
+    assert all(math.isfinite(r["value"]) for r in result.rows)
+
+
+def test_probe_basis_is_fixed_by_seed():
+    model = tiny_model()
+    a, b, c = ActivationProbe(model, 0), ActivationProbe(model, 0), ActivationProbe(model, 1)
+    dev = torch.device("cpu")
+    torch.testing.assert_close(a.random_basis(64, dev), b.random_basis(64, dev))
+    assert not torch.allclose(a.random_basis(64, dev), c.random_basis(64, dev))
+    q = a.random_basis(64, dev)
+    torch.testing.assert_close(q @ q.T, torch.eye(64), atol=1e-5, rtol=0)
