@@ -1,0 +1,259 @@
+"""analysis.fits: power-law recovery, bootstrap CIs, grouped fits, slope comparisons."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import polars as pl
+import pytest
+from analysis_fixtures import EXPONENT, store  # noqa: F401  (fixture)
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from analysis import queries
+from analysis.fits import (
+    PowerLawFit,
+    compare_exponents,
+    fit_curves,
+    fit_each,
+    fit_groups,
+    fit_power_law,
+)
+from analysis.load import load
+
+SIZES = np.repeat([1e5, 1e6, 1e7], 3)  # 3 sizes x 3 seeds
+
+
+def _noisy(rng: np.random.Generator, b: float, a: float = 0.02, noise: float = 0.1, offset: float = 3.0) -> np.ndarray:
+    return offset + a * SIZES**b * np.exp(noise * rng.standard_normal(SIZES.size))
+
+
+# ---------------------------------------------------------------- exactness (property tests)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    coefficient=st.floats(1e-3, 1e3),
+    exponent=st.floats(-2.0, 2.0),
+    offset=st.sampled_from([0.0, 3.0, -1.0]),
+    xs=st.lists(st.floats(1.0, 1e9), min_size=2, max_size=12, unique=True).filter(
+        lambda v: max(v) / min(v) > 1.5
+    ),
+)
+def test_noise_free_power_law_is_recovered_exactly(coefficient, exponent, offset, xs) -> None:
+    x = np.array(xs)
+    power = coefficient * x**exponent
+    # y - offset must survive rounding: no catastrophic cancellation against the offset
+    assume(power.min() > 1e-5 * abs(offset))
+    y = offset + power
+    fit = fit_power_law(x, y, offset=offset, n_boot=50, seed=0)
+    assert fit.exponent == pytest.approx(exponent, abs=1e-7)
+    assert fit.coefficient == pytest.approx(coefficient, rel=1e-6)
+    assert fit.r2 == pytest.approx(1.0, abs=1e-9)
+    # every usable resample is the same exact line, so the CI collapses onto the estimate
+    lo, hi = fit.exponent_ci
+    assert lo == pytest.approx(exponent, abs=1e-6) and hi == pytest.approx(exponent, abs=1e-6)
+    assert np.allclose(fit.predict(x), y, rtol=1e-6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(scale=st.floats(1e-3, 1e3), exponent=st.floats(-1.5, 1.5), seed=st.integers(0, 2**16))
+def test_rescaling_x_keeps_the_exponent(scale, exponent, seed) -> None:
+    rng = np.random.default_rng(seed)
+    y = 2.0 * SIZES**exponent * np.exp(0.05 * rng.standard_normal(SIZES.size))
+    a = fit_power_law(SIZES, y, n_boot=0)
+    b = fit_power_law(SIZES * scale, y, n_boot=0)
+    assert b.exponent == pytest.approx(a.exponent, abs=1e-8)
+    assert b.coefficient == pytest.approx(a.coefficient * scale**-a.exponent, rel=1e-6)
+
+
+# ---------------------------------------------------------------- noisy recovery and CIs
+
+
+def test_recovers_known_exponent_with_a_covering_narrow_ci() -> None:
+    rng = np.random.default_rng(7)
+    fit = fit_power_law(SIZES, _noisy(rng, 0.5), offset=3.0, n_boot=1000, seed=0)
+    lo, hi = fit.exponent_ci
+    assert lo < 0.5 < hi
+    assert hi - lo < 0.15  # the sizes span two decades: the slope is well pinned
+    assert fit.exponent == pytest.approx(0.5, abs=0.05)
+    assert fit.coefficient_ci[0] < 0.02 < fit.coefficient_ci[1]
+    assert fit.n == 9 and fit.n_x == 3 and fit.offset == 3.0 and fit.n_boot == 1000
+    assert fit.exponent_ci_t[0] < 0.5 < fit.exponent_ci_t[1]
+    assert "x^0.5" in str(fit) or "x^0.4" in str(fit)
+
+
+def test_bootstrap_coverage_over_many_datasets() -> None:
+    """The percentile bootstrap is close to nominal (it undercovers a little at n = 9, as
+    documented); the classical t interval is about nominal."""
+    boot = t_int = 0
+    trials = 60
+    for i in range(trials):
+        y = _noisy(np.random.default_rng(1000 + i), 0.5)
+        fit = fit_power_law(SIZES, y, offset=3.0, n_boot=300, seed=i)
+        boot += fit.exponent_ci[0] <= 0.5 <= fit.exponent_ci[1]
+        t_int += fit.exponent_ci_t[0] <= 0.5 <= fit.exponent_ci_t[1]
+    assert boot / trials >= 0.75
+    assert t_int / trials >= 0.85
+
+
+def test_group_resampling() -> None:
+    rng = np.random.default_rng(3)
+    y = _noisy(rng, 0.5)
+    seeds = np.tile([0, 1, 2], 3)
+    by_seed = fit_power_law(SIZES, y, offset=3.0, groups=seeds, n_boot=500)
+    assert by_seed.n_groups == 3
+    assert by_seed.exponent == fit_power_law(SIZES, y, offset=3.0, n_boot=0).exponent
+    # resampling whole sizes: resamples that draw a single size cannot be fitted and are skipped
+    by_size = fit_power_law(SIZES, y, offset=3.0, groups=SIZES, n_boot=500)
+    assert by_size.n_groups == 3
+    assert 300 < by_size.n_boot < 500
+    with pytest.raises(ValueError, match="one label per point"):
+        fit_power_law(SIZES, y, groups=[1, 2])
+
+
+def test_seeded_bootstrap_is_reproducible() -> None:
+    y = _noisy(np.random.default_rng(0), 0.3)
+    a = fit_power_law(SIZES, y, offset=3, seed=5, n_boot=200)
+    b = fit_power_law(SIZES, y, offset=3, seed=5, n_boot=200)
+    assert a == b
+    assert a.exponent_ci != fit_power_law(SIZES, y, offset=3, seed=6, n_boot=200).exponent_ci
+
+
+def test_negative_exponent_loss_like_fit() -> None:
+    y = 10.0 * SIZES**-0.1 * np.exp(0.01 * np.random.default_rng(2).standard_normal(9))
+    fit = fit_power_law(SIZES, y, n_boot=300)
+    assert fit.exponent_ci[0] < -0.1 < fit.exponent_ci[1]
+    lo, hi = fit.predict_interval([1e5, 1e7])
+    mid = fit.predict([1e5, 1e7])
+    assert np.all(lo <= mid) and np.all(mid <= hi)
+
+
+# ---------------------------------------------------------------- rejections
+
+
+def test_non_positive_points_are_rejected_with_a_count() -> None:
+    y = np.full(9, 3.5)
+    y[[0, 4]] = 2.9  # y - 3 <= 0 for two points
+    with pytest.raises(ValueError, match=r"2 of 9 points have y - 3 <= 0"):
+        fit_power_law(SIZES, y, offset=3.0)
+    x = SIZES.copy()
+    x[0] = 0.0
+    with pytest.raises(ValueError, match=r"1 of 9 points have x <= 0"):
+        fit_power_law(x, np.full(9, 2.0))
+    with pytest.raises(ValueError, match="not finite"):
+        fit_power_law(SIZES, np.r_[np.nan, np.ones(8)])
+
+
+def test_single_size_cannot_be_fitted() -> None:
+    with pytest.raises(ValueError, match="at least 2 distinct x"):
+        fit_power_law([5.0, 5.0, 5.0], [1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match="differ in length"):
+        fit_power_law([1.0, 2.0], [1.0])
+
+
+# ---------------------------------------------------------------- frames
+
+
+def test_fit_groups_on_the_synthetic_store(store) -> None:  # noqa: F811
+    per = queries.per_trial(load(store.path), "kurtosis").collect()
+    table = fit_groups(per, "params_non_embedding", "value", ["optimizer"], offset=3.0, n_boot=500)
+    assert table.get_column("optimizer").to_list() == ["adam", "sgd"]
+    adam = table.row(0, named=True)
+    assert adam["exponent_low"] < EXPONENT < adam["exponent_high"]
+    assert adam["exponent_high"] - adam["exponent_low"] < 0.2
+    assert adam["n"] == 9 and adam["n_x"] == 3 and adam["note"] is None
+    sgd = table.row(1, named=True)
+    assert sgd["exponent"] is None
+    assert "points have y - 3 <= 0" in sgd["note"]  # no excess over the Gaussian to fit
+    # raw kurtosis: sgd has an exponent, and it is ~0
+    raw = fit_groups(per, "params_non_embedding", "value", ["optimizer"], n_boot=200)
+    assert abs(raw.filter(pl.col("optimizer") == "sgd").get_column("exponent").item()) < 1e-3
+    # resampling whole seeds
+    by_seed = fit_groups(per, "params_non_embedding", "value", ["optimizer"], offset=3.0, groups="seed", n_boot=200)
+    assert by_seed.get_column("exponent").to_list()[0] == pytest.approx(adam["exponent"])
+
+
+def test_fit_groups_notes_single_size_groups_and_drops_nulls() -> None:
+    df = pl.DataFrame(
+        {
+            "opt": ["a"] * 9 + ["b"] * 3 + ["a"],
+            "x": [*SIZES, 10.0, 10.0, 10.0, None],
+            "y": [*(2 * SIZES**0.5), 1.0, 2.0, 3.0, 5.0],
+        }
+    )
+    table = fit_groups(df, "x", "y", ["opt"], n_boot=50)
+    a, b = table.rows(named=True)
+    assert a["exponent"] == pytest.approx(0.5) and a["n"] == 9  # the null-x row is dropped
+    assert b["exponent"] is None and "at least 2 distinct x" in b["note"]
+    assert set(table.columns) >= {"exponent_low", "exponent_high", "coefficient", "r2", "note"}
+    assert fit_groups(df.filter(pl.col("opt") == "zz"), "x", "y", ["opt"]).height == 0
+    with pytest.raises(ValueError, match="not in the frame"):
+        fit_groups(df, "x", "nope", ["opt"])
+    whole = fit_groups(df.filter(pl.col("opt") == "a").lazy(), "x", "y", n_boot=10)
+    assert whole.height == 1
+
+
+def test_fit_curves_band_brackets_the_fit() -> None:
+    rng = np.random.default_rng(1)
+    df = pl.DataFrame({"o": ["a"] * 9, "params": SIZES, "y": _noisy(rng, 0.4)})
+    fits = fit_each(df, "params", "y", ["o"], offset=3.0, n_boot=200)
+    assert isinstance(fits[("a",)], PowerLawFit)
+    curves = fit_curves(fits, ["o"], x="params", n_points=20)
+    assert curves.columns == ["o", "params", "fit", "fit_low", "fit_high"]
+    assert curves.height == 20
+    assert curves.get_column("params").min() == pytest.approx(1e5)
+    assert (curves["fit_low"] <= curves["fit"] + 1e-12).all()
+    assert (curves["fit"] <= curves["fit_high"] + 1e-12).all()
+    assert fit_curves({("b",): "not fitted"}, ["o"]).height == 0
+
+
+# ---------------------------------------------------------------- comparisons
+
+
+def _two(rng: np.random.Generator, ba: float, bb: float) -> pl.DataFrame:
+    return pl.DataFrame(
+        {
+            "x": np.r_[SIZES, SIZES],
+            "y": np.r_[_noisy(rng, ba, a=0.05), _noisy(rng, bb, a=0.02)],
+            "optimizer": ["sgd"] * 9 + ["adam"] * 9,
+        }
+    )
+
+
+def test_comparison_detects_a_real_slope_difference() -> None:
+    df = _two(np.random.default_rng(11), 0.2, 0.5)
+    c = compare_exponents(df, "x", "y", "optimizer", "sgd", "adam", offset=3.0, n_boot=1000)
+    assert c.a == "sgd" and c.b == "adam"
+    assert c.difference == pytest.approx(0.3, abs=0.08)
+    assert c.difference_ci[0] > 0
+    assert c.p_value < 0.01
+    assert c.difference == pytest.approx(c.fit_b.exponent - c.fit_a.exponent)
+    assert "p =" in str(c)
+
+
+def test_comparison_rarely_flags_equal_slopes() -> None:
+    flagged = 0
+    for i in range(20):
+        df = _two(np.random.default_rng(200 + i), 0.5, 0.5)
+        c = compare_exponents(df, "x", "y", "optimizer", "sgd", "adam", offset=3.0, n_boot=300, seed=i)
+        flagged += c.p_value < 0.05
+        assert 0 < c.p_value <= 1
+    assert flagged <= 3  # ~5% expected; the bootstrap runs a little liberal at n = 9
+
+
+def test_comparison_p_value_agrees_with_ci() -> None:
+    df = _two(np.random.default_rng(5), 0.45, 0.5)
+    c = compare_exponents(df, "x", "y", "optimizer", "sgd", "adam", offset=3.0, n_boot=500)
+    outside = not (c.difference_ci[0] <= 0 <= c.difference_ci[1])
+    assert outside == (c.p_value < 0.05)
+
+
+def test_comparison_errors_name_the_group() -> None:
+    df = _two(np.random.default_rng(0), 0.5, 0.5)
+    with pytest.raises(ValueError, match="no rows with optimizer == 'lion'"):
+        compare_exponents(df, "x", "y", "optimizer", "lion", "adam")
+    with pytest.raises(ValueError, match="optimizer == 'sgd'.*y - 100 <= 0"):
+        compare_exponents(df, "x", "y", "optimizer", "sgd", "adam", offset=100.0)
+    assert math.isfinite(compare_exponents(df, "x", "y", "optimizer", "sgd", "adam", n_boot=50).p_value)
