@@ -1,0 +1,182 @@
+"""analysis.charts: every builder makes a valid chart that saves as SVG and PNG, with the
+shared palette, readable titles and paper-column sizes."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import altair as alt
+import polars as pl
+import pytest
+from analysis_fixtures import messy_store, single_size_store, store  # noqa: F401  (fixtures)
+
+from analysis import charts, fits, queries
+from analysis.load import load
+
+BY = ["optimizer", "norm", "rotation", "group_size"]
+
+
+def _frames(path: str) -> dict[str, object]:
+    r = load(path)
+    per = queries.per_trial(r, "kurtosis").collect()
+    kfits = fits.fit_each(per, "params_non_embedding", "value", BY, offset=3.0, n_boot=100)
+    lfits = fits.fit_each(
+        r.done_runs().collect(), "params_non_embedding", "final_val_loss", BY, n_boot=100
+    )
+    return {
+        "profile": queries.layer_profile(r, "kurtosis").collect(),
+        "scale": queries.scale_table(r, "kurtosis").collect(),
+        "curves": fits.fit_curves(kfits, BY, x="params_non_embedding"),
+        "training": queries.metric_over_training(r, "kurtosis").collect(),
+        "basis": queries.basis_comparison(r).collect(),
+        "loss": queries.loss_table(r).collect(),
+        "loss_curves": fits.fit_curves(lfits, BY, x="params_non_embedding"),
+    }
+
+
+def _build(f: dict[str, object]) -> dict[str, alt.TopLevelMixin]:
+    return {
+        "kurtosis_by_layer": charts.kurtosis_by_layer(f["profile"]),
+        "metric_vs_params": charts.metric_vs_params(f["scale"], f["curves"]),
+        "metric_over_training": charts.metric_over_training(f["training"]),
+        "basis_comparison": charts.basis_comparison(f["basis"]),
+        "loss_vs_params": charts.loss_vs_params(f["loss"], f["loss_curves"]),
+    }
+
+
+@pytest.fixture(scope="module")
+def built(store) -> dict[str, alt.TopLevelMixin]:  # noqa: F811
+    return _build(_frames(store.path))
+
+
+@pytest.fixture(scope="module")
+def messy_built(messy_store) -> dict[str, alt.TopLevelMixin]:  # noqa: F811
+    return _build(_frames(messy_store.path))
+
+
+NAMES = ["kurtosis_by_layer", "metric_vs_params", "metric_over_training", "basis_comparison", "loss_vs_params"]
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", head[16:24])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_chart_saves_as_svg_and_png(built, tmp_path: Path, name: str) -> None:
+    chart = built[name]
+    chart.save(tmp_path / f"{name}.svg")
+    chart.save(tmp_path / f"{name}.png")
+    svg = (tmp_path / f"{name}.svg").read_text()
+    assert svg.lstrip().startswith("<svg") and "</svg>" in svg
+    width, height = _png_size(tmp_path / f"{name}.png")
+    assert width > 100 and height > 100
+    if name != "basis_comparison":  # one panel: fits a paper column (3.3 in at 72 dpi)
+        assert 240 <= width <= 360, width
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_messy_sweep_charts_build(messy_built, tmp_path: Path, name: str) -> None:
+    chart = messy_built[name]
+    spec = chart.to_dict()
+    chart.save(tmp_path / f"{name}.svg")
+    text = json.dumps(spec)
+    assert "partial(2)" in text  # rotation label with its group size
+    if name != "basis_comparison":
+        assert "facet" in spec  # two norms: one panel each
+
+
+def _colour_map(spec: dict) -> dict[str, str]:
+    found: dict[str, str] = {}
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            scale = node.get("scale")
+            if node.get("field") == "optimizer" and isinstance(scale, dict) and "range" in scale:
+                found.update(zip(scale["domain"], scale["range"], strict=True))
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(spec)
+    return found
+
+
+def test_optimizer_colours_are_the_same_in_every_chart(built, messy_built) -> None:
+    for chart in [*built.values(), *messy_built.values()]:
+        colours = _colour_map(chart.to_dict())
+        assert colours["adam"] == charts.OPTIMIZER_COLORS["adam"] == "#D55E00"
+        assert colours["sgd"] == charts.OPTIMIZER_COLORS["sgd"] == "#0072B2"
+
+
+def test_axis_titles_and_reference_rule(built) -> None:
+    layer = json.dumps(built["kurtosis_by_layer"].to_dict())
+    assert "Kurtosis (Gaussian = 3)" in layer
+    assert "Layer (0 = embeddings)" in layer
+    assert '"datum": 3.0' in layer  # the Gaussian reference
+    scale = json.dumps(built["metric_vs_params"].to_dict())
+    assert "Parameters (non-embedding)" in scale
+    assert '"type": "log"' in scale
+    assert "fit_low" in scale  # fitted bands drawn
+    assert "Validation loss (nats/token)" in json.dumps(built["loss_vs_params"].to_dict())
+    assert "Training tokens" in json.dumps(built["metric_over_training"].to_dict())
+    basis = json.dumps(built["basis_comparison"].to_dict())
+    assert "residual, random basis" in basis and "MLP input, computation basis" in basis
+
+
+def test_largest_size_is_named_in_the_title(built, store) -> None:  # noqa: F811
+    title = json.dumps(built["kurtosis_by_layer"].to_dict()["title"])
+    assert charts.format_count(max(store.params_non_embedding)) in title and "largest" in title
+
+
+def test_size_choices(store) -> None:  # noqa: F811
+    prof = queries.layer_profile(load(store.path), "kurtosis").collect()
+    smallest = min(store.params_non_embedding)
+    spec = charts.kurtosis_by_layer(prof, size=smallest).to_dict()
+    assert charts.format_count(smallest) in json.dumps(spec["title"])
+    per_size = charts.kurtosis_by_layer(prof, size=None).to_dict()
+    assert "row" in per_size["facet"]
+    with pytest.raises(ValueError, match="not among"):
+        charts.kurtosis_by_layer(prof, size=12345)
+
+
+def test_single_size_scaling_chart(single_size_store, tmp_path: Path) -> None:  # noqa: F811
+    r = load(single_size_store.path)
+    chart = charts.metric_vs_params(queries.scale_table(r, "kurtosis").collect(), None)
+    spec = json.dumps(chart.to_dict())
+    assert '"domain"' in spec  # a window around the one size, not a degenerate axis
+    chart.save(tmp_path / "single.png")
+
+
+def test_unthemed_charts_compose(built, store) -> None:  # noqa: F811
+    r = load(store.path)
+    a = charts.kurtosis_by_layer(queries.layer_profile(r, "kurtosis").collect(), configure=False)
+    b = charts.metric_over_training(queries.metric_over_training(r, "kurtosis").collect(), configure=False)
+    both = charts.apply_theme(alt.hconcat(a, b))
+    assert both.to_dict()["config"]["font"] == charts.FONT
+
+
+def test_palette_helpers() -> None:
+    scale = charts.optimizer_scale(["zeta", "sgd", "adam", "sgd"]).to_dict()
+    assert scale["domain"] == ["adam", "sgd", "zeta"]  # known optimisers first, fixed order
+    assert scale["range"][:2] == ["#D55E00", "#0072B2"]
+    assert scale["range"][2] not in charts.OPTIMIZER_COLORS.values()
+    assert set(charts.OKABE_ITO.values()) >= {c for c in charts.OPTIMIZER_COLORS.values() if c != "#8C6D1F"}
+    assert charts.format_count(1_234_567) == "1.23M"
+    assert charts.format_count(50_000) == "50k"
+    assert charts.format_count(12) == "12"
+    assert charts.metric_title("kurtosis", "mlp_in", "computation") == "Kurtosis (Gaussian = 3), MLP input"
+    assert charts.register_theme() == "paper"
+    assert "paper" in alt.theme.names()
+    alt.theme.enable("default")
+
+
+def test_builders_accept_lazy_frames(store) -> None:  # noqa: F811
+    lazy = queries.layer_profile(load(store.path), "kurtosis")
+    assert charts.kurtosis_by_layer(lazy).to_dict()
+    assert charts.metric_vs_params(pl.DataFrame(queries.scale_table(load(store.path), "kurtosis").collect())).to_dict()
