@@ -15,6 +15,9 @@ class ProgressCallback(Callback):
     def __init__(self, trials: list[TrialConfig], progress: Progress):
         self.flops = {t.trial_id: t.flops_per_token * t.total_tokens for t in trials}
         self.steps = {t.trial_id: t.total_steps for t in trials}
+        self.labels = {t.trial_id: f"d_model {t.model.d_model} {t.optimizer.name} {t.norm} {t.rotation.label} seed {t.seed}"
+                       for t in trials}
+        self.last: dict[str, dict] = {}
         self.progress = progress
         self.task = progress.add_task("starting Ray", total=sum(self.flops.values()) or 1.0)
         self.done, self.failed, self.running, self.at_step = 0, 0, set(), {}
@@ -40,6 +43,7 @@ class ProgressCallback(Callback):
         tid = self._id(trial)
         if "step" in result:
             self.at_step[tid] = result["step"]
+        self.last[tid] = result
         if result.get("status") == "diverged":
             self.progress.console.print(f"[yellow]diverged[/] {tid} at step {result['step']}")
         self._refresh()
@@ -51,8 +55,11 @@ class ProgressCallback(Callback):
         return tid
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        self._finish(trial)
+        tid = self._finish(trial)
         self.done += 1
+        loss = self.last.get(tid, {}).get("val_loss")
+        self.progress.console.print(f"done {tid} ({self.labels[tid]})" + (f": val loss {loss:.3f}" if loss else ""),
+                                    highlight=False)
         self._refresh()
 
     def on_trial_error(self, iteration, trials, trial, **info):
