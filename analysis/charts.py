@@ -204,7 +204,7 @@ def kurtosis_by_layer(
     reference = REFERENCES.get(metric) if reference is None else reference
     y_title = metric_title(metric)
     layers = _lines_with_band(df, "layer", y_title, "Layer (0 = embeddings)", log_y, reference)
-    chart = _assemble(layers, df, facet, rows="size" if size is None else None)
+    chart = _assemble(layers, df, facet, rows="size" if size is None else None, keep=["layer"])
     chart = chart.properties(title=_title(title, size_note))
     return apply_theme(chart) if configure else chart
 
@@ -232,7 +232,7 @@ def metric_over_training(
     layers = _lines_with_band(
         df, x, metric_title(metric), AXIS_TITLES.get(x, x), log_y, reference, log_x=log_x
     )
-    chart = _assemble(layers, df, facet, rows="size" if size is None else None)
+    chart = _assemble(layers, df, facet, rows="size" if size is None else None, keep=[x])
     chart = chart.properties(title=_title(title, size_note))
     return apply_theme(chart) if configure else chart
 
@@ -351,7 +351,7 @@ def basis_comparison(
         layers.append(_reference_rule(reference))
     n_cols = max(1, df.get_column("column").n_unique())
     chart = (
-        alt.layer(*layers, data=df)
+        alt.layer(*layers, data=_slim(df))
         .properties(width=_panel_width(n_cols) if n_cols > 1 else 240, height=PANEL_HEIGHT)
         .facet(
             row=alt.Row("row:N", title=None, header=alt.Header(labelAngle=0, labelAlign="left")),
@@ -461,7 +461,8 @@ def _decorate(df: pl.DataFrame, facet: str | None) -> pl.DataFrame:
         df = df.with_columns(variant=pl.lit(""))
     fc = _facet_col(facet)
     if fc and fc in df.columns:
-        df = df.with_columns(facet=pl.col(fc).cast(pl.String))
+        name = "rotation" if fc == "rotation_label" else fc
+        df = df.with_columns(facet=pl.format(f"{name}: {{}}", pl.col(fc).cast(pl.String)))
     if "optimizer" not in df.columns:
         df = df.with_columns(optimizer=pl.lit("all"))
     return df
@@ -535,7 +536,7 @@ def _lines_with_band(
     tip = _tooltip(df, ["optimizer", "variant", "size", x, "mean", "ci_low", "ci_high", "n"])
     line = (
         alt.Chart()
-        .mark_line(point=alt.OverlayMarkDef(size=16))
+        .mark_line(point=alt.OverlayMarkDef(size=16) if df.get_column(x).n_unique() <= 25 else False)
         .encode(
             x=x_enc,
             y=alt.Y("mean:Q", title=y_title, scale=y_scale),
@@ -582,11 +583,30 @@ def _reference_rule(reference: float) -> alt.Chart:
     )
 
 
+_CHART_COLUMNS = (
+    "layer", "step", "tokens", "x_plot", "params", "params_non_embedding", "d_model",
+    "mean", "ci_low", "ci_high", "n", "fit", "fit_low", "fit_high", "kind",
+    "optimizer", "variant", "facet", "size", "series", "row", "column",
+)  # fmt: skip
+
+
+def _slim(df: pl.DataFrame, keep: Sequence[str] = ()) -> pl.DataFrame:
+    """Only the columns the charts encode: the data is embedded in every saved spec."""
+    cols = dict.fromkeys([*_CHART_COLUMNS, *keep])
+    return df.select([c for c in cols if c in df.columns])
+
+
 def _assemble(
-    layers: list[alt.Chart], df: pl.DataFrame, facet: str | None, *, rows: str | None = None
+    layers: list[alt.Chart],
+    df: pl.DataFrame,
+    facet: str | None,
+    *,
+    rows: str | None = None,
+    keep: Sequence[str] = (),
 ) -> alt.TopLevelMixin:
     has_facet = "facet" in df.columns and _varies(df, "facet")
     has_rows = rows is not None and _varies(df, rows)
+    df = _slim(df, keep)
     if not has_facet and not has_rows:
         return alt.layer(*layers, data=df).properties(width=WIDTH, height=HEIGHT)
     n_cols = df.get_column("facet").n_unique() if has_facet else 1
@@ -612,7 +632,7 @@ def _panel_width(n_cols: int) -> int:
 
 
 def _rotation_sort(df: pl.DataFrame) -> list[str]:
-    col = "column" if "column" in df.columns else "rotation_label"
+    col = next((c for c in ("column", "facet", "rotation_label") if c in df.columns), "")
     vals = df.get_column(col).unique().to_list() if col in df.columns else []
 
     def key(v: str) -> tuple[int, str]:
@@ -774,4 +794,4 @@ def _scaling(
     ]
     if reference is not None:
         layers.append(_reference_rule(reference))
-    return _assemble(layers, data, facet)
+    return _assemble(layers, data, facet, keep=[x])

@@ -235,9 +235,12 @@ def _scan(
     ones inserted as nulls), plus any extra columns the first file has (new grid axes)."""
     if not found:
         return pl.LazyFrame(schema=contract)
-    import pyarrow.parquet as pq
+    if not storage_options and "://" not in uris[0]:
+        first = pl.read_parquet_schema(uris[0])  # local: polars reads the footer directly
+    else:
+        import pyarrow.parquet as pq
 
-    first = pl.from_arrow(pq.read_schema(found[0], filesystem=fs).empty_table()).schema
+        first = pl.from_arrow(pq.read_schema(found[0], filesystem=fs).empty_table()).schema
     schema = dict(contract)
     schema.update({k: v for k, v in first.items() if k not in contract and v != pl.Null})
     return pl.scan_parquet(

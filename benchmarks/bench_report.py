@@ -1,0 +1,108 @@
+"""Benchmark: a full `write_report` over a ~10M-row metrics table.
+
+Budget (DESIGN.md): "a report over 10M metric rows in seconds (lazy)".
+
+Run from the repository root, with the project's environment active:
+
+    python benchmarks/bench_report.py                 # ~10M rows, svg+png, prints timings
+    python benchmarks/bench_report.py --rows 2e6      # smaller
+    python benchmarks/bench_report.py --keep /tmp/big # keep the store and report to look at
+
+It writes a synthetic store that follows the results-store contract (analysis.synthetic:
+5 sizes x 4 optimisers x 2 norms x 3 rotations x 3 seeds = 360 trials, 8 layers, every
+site/basis/metric, as many eval steps as it takes to reach --rows) into several Parquet
+files in a temporary folder, then times separately: the two core lazy queries
+(scale_table + layer_profile, collected), and the whole report (load, queries, bootstrap
+fits, 6 charts rendered to each format, tables, index.html). Generation is not timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from analysis import queries  # noqa: E402
+from analysis.load import load  # noqa: E402
+from analysis.report import write_report  # noqa: E402
+from analysis.synthetic import SITE_METRICS, write_store  # noqa: E402
+
+SIZES = (64, 96, 128, 192, 256)
+OPTIMIZERS = ("adam", "sgd", "rotated_adam", "muon")
+NORMS = ("layernorm", "rmsnorm_scalar")
+ROTATIONS = ("none", "shared", ("partial", 2))
+SEEDS = (0, 1, 2)
+LAYERS = 8
+
+
+def rows_per_eval() -> int:
+    sites = 2 * (LAYERS + 1) + 3 * LAYERS  # resid x {stored, random} incl. embeddings; 3 block sites
+    return sites * len(SITE_METRICS) + 1  # + the model-level dettmers count
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=float, default=10e6, help="target metric rows (default 10M)")
+    ap.add_argument("--files", type=int, default=8, help="Parquet files per table")
+    ap.add_argument("--formats", default="svg,png", help="report formats (default svg,png)")
+    ap.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples per fit")
+    ap.add_argument("--keep", type=Path, default=None, help="write here and keep (default: a temp dir)")
+    args = ap.parse_args()
+
+    trials = len(SIZES) * len(OPTIMIZERS) * len(NORMS) * len(ROTATIONS) * len(SEEDS)
+    n_steps = max(2, round(args.rows / (trials * rows_per_eval())))
+    root = args.keep or Path(tempfile.mkdtemp(prefix="bench_report_"))
+    print(f"writing a synthetic store: {trials} trials x {n_steps} evals x {rows_per_eval()} rows ...")
+    t0 = time.perf_counter()
+    truth = write_store(
+        root,
+        name="bench",
+        sizes=SIZES,
+        n_layers=LAYERS,
+        optimizers=OPTIMIZERS,
+        exponents={"adam": 0.5, "sgd": None, "rotated_adam": 0.2, "muon": None},
+        norms=NORMS,
+        rotations=ROTATIONS,
+        seeds=SEEDS,
+        steps=tuple(range(0, 100 * n_steps, 100)),
+        failed=3,
+        files=args.files,
+        seed=0,
+    )
+    size_mb = sum(f.stat().st_size for f in Path(truth.path).rglob("*.parquet")) / 1e6
+    print(
+        f"  {truth.n_metric_rows / 1e6:.2f}M metric rows in {args.files} files per table, "
+        f"{size_mb:.0f} MB on disk, generated in {time.perf_counter() - t0:.1f} s (not timed)"
+    )
+
+    t0 = time.perf_counter()
+    r = load(truth.path)
+    scale = queries.scale_table(r, "kurtosis").collect()
+    prof = queries.layer_profile(r, "kurtosis").collect()
+    t_queries = time.perf_counter() - t0
+    print(f"scale_table + layer_profile: {t_queries:.2f} s ({scale.height} + {prof.height} rows)")
+
+    formats = tuple(f for f in args.formats.split(",") if f)
+    t0 = time.perf_counter()
+    rep = write_report(truth.path, formats=formats, n_boot=args.n_boot)  # type: ignore[arg-type]
+    t_report = time.perf_counter() - t0
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(
+        f"write_report ({', '.join(formats)}; {len(rep.charts)} charts, {rep.fits.height} fits): "
+        f"{t_report:.2f} s -> {rep.index}"
+    )
+    print(f"peak RSS {peak_mb:.0f} MB, {os.cpu_count()} CPUs")
+    if args.keep is None:
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
