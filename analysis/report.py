@@ -320,7 +320,11 @@ class _Writer:
         return f"{self.prefix}{self.root}/{name}"
 
     def write(self, name: str, data: bytes) -> str:
-        tmp = f"{self.root}/.{name}.tmp"
+        if self.prefix:  # object stores: a single PUT is already atomic (and has no rename)
+            with self.fs.open_output_stream(f"{self.root}/{name}") as f:
+                f.write(data)
+            return self.uri(name)
+        tmp = f"{self.root}/.{name}.tmp"  # local: write aside, then rename into place
         with self.fs.open_output_stream(tmp) as f:
             f.write(data)
         self.fs.move(tmp, f"{self.root}/{name}")
