@@ -502,8 +502,8 @@ def _lines_with_band(
     y_scale = _y_scale(df, log_y, reference)
     color_scale = optimizer_scale(df.get_column("optimizer").to_list())
     color = alt.Color("optimizer:N", scale=color_scale, title="Optimizer", legend=_COLOR_LEGEND)
-    if x == "layer":
-        x_axis = alt.Axis(tickMinStep=1, format="d")
+    if x == "layer":  # explicit integer ticks: tickMinStep alone still yields 0.5 steps
+        x_axis = alt.Axis(values=sorted({int(v) for v in df.get_column(x).to_list()}), format="d")
     elif log_x:
         x_axis = _log_axis(df.get_column(x).to_list(), _max_ticks(df))
     else:
