@@ -69,9 +69,11 @@ def index_dims(model: nn.Module, vocab_size: int | None = None) -> dict[str, tup
     rotate under rotate="residual", even when their size happens to equal d_model (byte-level
     vocab 256 = d_model 256, or seq_len = d_model).
 
-    Found by module type (nn.Embedding weight: dim 0; an nn.Linear called like an unembedding,
-    or with out_features == vocab_size and a head-like name: dim 0) and, for bare parameters,
-    by name (embedding-like 2-D parameters: dim 0, the nanoGPT (V, d) layout).
+    Found by module type and name: an nn.Embedding's weight, dim 0; an nn.Linear named like an
+    unembedding (lm_head, head, unembed, ...) with out_features == vocab_size (any, if None),
+    dim 0 of weight and bias; a bare 2-D parameter named like an embedding or unembedding,
+    dim 0 (nanoGPT's (V, d) layout). Shapes alone cannot tell a (V, d) unembedding from a
+    (d, d) projection when V == d, hence the names.
     """
     dims: dict[str, tuple[int, ...]] = {}
     for mname, module in model.named_modules():
