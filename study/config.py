@@ -126,6 +126,8 @@ class OptimizerConfig(_Frozen):
     def _check_betas(self) -> OptimizerConfig:
         if not all(0 <= b < 1 for b in self.betas):
             raise ValueError("betas must lie in [0, 1)")
+        if self.nesterov and self.momentum == 0:
+            raise ValueError("nesterov needs momentum > 0")
         return self
 
 
@@ -257,6 +259,9 @@ class TrialConfig(_Frozen):
             raise ValueError(f"rotation.group_size ({r.group_size}) must be in 1..n_layers ({n})")
         if r.groups is not None and any(b >= n for g in r.groups for b in g):
             raise ValueError(f"rotation.groups index out of range 0..{n - 1}")
+        if self.optimizer.name == "rotated_adam" and self.optimizer.rotate == "all" and self.vocab_size > 8192:
+            raise ValueError(f"optimizer.rotate: 'all' would need a {self.vocab_size} x {self.vocab_size} basis; "
+                             "use 'residual' with a large vocabulary")
         if self.eval_seq_len > self.data.seq_len:
             raise ValueError(f"train.eval_batch.seq_len ({self.eval_seq_len}) exceeds data.seq_len ({self.data.seq_len})")
         return self

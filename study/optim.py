@@ -394,7 +394,7 @@ class RotatedAdam(torch.optim.Optimizer):
         for (b, sl, grads), (ns, bc) in zip(parts, scales):
             k = len(grads)
             bshape = (k,) + (1,) * len(b.shape2)
-            g_t.append(_to_basis(torch.stack(grads).view(k, *b.shape2), _side(b.basis_out, sl), _side(b.basis_in, sl)))
+            g_t.append(_to_basis(torch.stack([g.reshape(b.shape2) for g in grads]), _side(b.basis_out, sl), _side(b.basis_in, sl)))
             ms.append(b.exp_avg[sl])
             vs.append(b.exp_avg_sq[sl])
             nss.append(ns.to(b.exp_avg.dtype).view(bshape))
