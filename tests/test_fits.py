@@ -50,7 +50,8 @@ def test_noise_free_power_law_is_recovered_exactly(coefficient, exponent, offset
     fit = fit_power_law(x, y, offset=offset, n_boot=50, seed=0)
     assert fit.exponent == pytest.approx(exponent, abs=1e-7)
     assert fit.coefficient == pytest.approx(coefficient, rel=1e-6)
-    assert fit.r2 == pytest.approx(1.0, abs=1e-9)
+    if abs(exponent) > 1e-3:  # a flat line has no variance to explain: r2 is rounding noise
+        assert fit.r2 == pytest.approx(1.0, abs=1e-9)
     # every usable resample is the same exact line, so the CI collapses onto the estimate
     lo, hi = fit.exponent_ci
     assert lo == pytest.approx(exponent, abs=1e-6) and hi == pytest.approx(exponent, abs=1e-6)
