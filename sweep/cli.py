@@ -41,7 +41,7 @@ def load(spec_path: Path):
 
 
 def human(n: float, unit: str = "") -> str:
-    for suffix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+    for suffix, scale in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(n) >= scale:
             return f"{n / scale:.3g}{suffix}{unit}"
     return f"{n:.3g}{unit}"
@@ -52,7 +52,9 @@ def duration(seconds: float) -> str:
         return f"{seconds:.0f}s"
     if seconds < 5400:
         return f"{seconds / 60:.0f}min"
-    return f"{seconds / 3600:.1f}h"
+    if seconds < 3 * 86400:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:,.0f}d"
 
 
 def sweep_folder(results: Path) -> Path:
@@ -291,5 +293,5 @@ def query(
         out.print(frame, highlight=False)
 
 
-def main() -> None:  # pragma: no cover
-    sys.exit(app())
+if __name__ == "__main__":
+    app()
