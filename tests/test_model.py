@@ -11,28 +11,9 @@ import torch.nn as nn
 from study.config import TrialConfig
 from study.model import NORMS, LayerNorm, RMSNorm, Rotate, ScalarRMSNorm, Transformer
 from study.rotation import generator_for
+from variants import L, NORM_NAMES, ROTATIONS
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one intra-op thread is fastest and immune to oversubscribed shared CPUs."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-L = 4
-NORM_NAMES = ["layernorm", "rmsnorm", "rmsnorm_scalar"]
-ROTATIONS = {
-    "none": "none",
-    "shared": "shared",
-    "independent": "independent",
-    "partial1": {"mode": "partial", "group_size": 1},
-    "partial2": {"mode": "partial", "group_size": 2},
-    "partialL": {"mode": "partial", "group_size": L},
-    "groups": {"mode": "groups", "groups": [[0, 2], [3]]},
-}
 
 
 def make_cfg(norm="layernorm", rotation="none", seed=0, d_model=32, n_heads=2, d_mlp=0, seq_len=16, vocab=None):

@@ -10,27 +10,11 @@ from hypothesis import strategies as st
 from study.config import RotationConfig, TrialConfig
 from study.model import Rotate, Transformer
 from study.rotation import build_plan, generator_for, random_orthogonal
+from variants import L, ROTATIONS
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one intra-op thread is fastest and immune to oversubscribed shared CPUs."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-L, D = 4, 16
-MODES = {
-    "none": "none",
-    "shared": "shared",
-    "independent": "independent",
-    "partial1": {"mode": "partial", "group_size": 1},
-    "partial2": {"mode": "partial", "group_size": 2},
-    "partialL": {"mode": "partial", "group_size": L},
-    "groups": {"mode": "groups", "groups": [[0, 2], [3]]},
-}
+D = 16
+MODES = ROTATIONS
 
 
 def plan(mode, seed=0):
