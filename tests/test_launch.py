@@ -6,7 +6,7 @@ import ray
 
 from sweep.grid import expand
 from sweep.launch import run_sweep
-from sweep.spec import parse_spec
+from sweep.spec import SpecError, parse_spec
 from sweep.store import ResultsStore
 from sweep.trainable import train_trial
 
@@ -93,3 +93,10 @@ def test_a_failing_trial_is_recorded_and_reported(tmp_path, local_ray):
     runs = ResultsStore(tmp_path / "r", spec.name).read("runs")
     assert runs["status"].to_list() == ["failed"]
     assert "corpus.txt" in runs["error"][0]
+
+
+def test_resources_no_node_has_are_refused_before_anything_starts(tmp_path, local_ray):
+    spec = parse_spec({**SPEC, "resources": {"cpu": 64}})
+    with pytest.raises(SpecError, match=r"needs cpu=64 gpu=0, but the largest node has cpu=2"):
+        run_sweep(spec, expand(spec), tmp_path)
+    assert not (tmp_path / "e2e").exists()
