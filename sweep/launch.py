@@ -83,7 +83,8 @@ def run_sweep(
     results = resolve_results(results)
     store = ResultsStore(results, spec.name)
     done = store.completed_ids()
-    todo = [t for t in trials if t.trial_id not in done]
+    # Largest first: the long trials start early and the small ones fill the gaps at the end.
+    todo = sorted((t for t in trials if t.trial_id not in done), key=lambda t: -t.flops_per_token * t.total_tokens)
     callbacks = on_start(todo) if on_start is not None else None
     if not todo:
         return SweepOutcome(len(trials), len(trials), 0, {}, time.perf_counter() - t0)

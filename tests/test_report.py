@@ -130,6 +130,9 @@ def test_default_fit_specs_are_named() -> None:
         "kurtosis_resid",
         "kurtosis_mlp_in",
         "kurtosis_resid",
+        "kurtosis_mlp_in",
         "final_val_loss",
     ]
+    charted = [s.name for s in DEFAULT_FITS if s.chart]
+    assert len(charted) == len(set(charted))  # one chart file each
     assert DEFAULT_FITS[0].label.startswith("kurtosis − 3, residual stream")
