@@ -100,3 +100,48 @@ def test_resources_no_node_has_are_refused_before_anything_starts(tmp_path, loca
     with pytest.raises(SpecError, match=r"needs cpu=64 gpu=0, but the largest node has cpu=2"):
         run_sweep(spec, expand(spec), tmp_path)
     assert not (tmp_path / "e2e").exists()
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_retried_from_its_checkpoint_exactly_once(tmp_path, local_ray):
+    """SIGKILL the trial's worker after its first checkpoint: Tune retries it, the retry resumes
+    from the checkpoint, and the store ends with every row once and the uninterrupted values."""
+    import os
+    import signal
+    import subprocess
+    import threading
+    import time
+
+    spec = parse_spec({**SPEC, "train": {**SPEC["train"], "steps": 400, "checkpoint_every": 100, "eval_every": 50},
+                       "grid": {**SPEC["grid"], "optimizer": [{"name": "adam", "lr": 3e-3}]}, "retries": 1})
+    (cfg,) = expand(spec)
+    checkpoint = tmp_path / "r" / "e2e" / "trials" / cfg.trial_id / "checkpoint.pt"
+    first_part = tmp_path / "r" / "e2e" / "curves" / f"{cfg.trial_id}.000000000-000000100.parquet"
+    killed = []
+
+    def kill_after_first_checkpoint():
+        deadline = time.time() + 120
+        while not checkpoint.exists() and time.time() < deadline:
+            time.sleep(0.05)
+        pids = subprocess.run(["pgrep", "-f", "ray::ImplicitFunc"], capture_output=True, text=True).stdout.split()
+        for pid in pids:
+            os.kill(int(pid), signal.SIGKILL)
+            killed.append(pid)
+        killed.append(first_part.stat().st_mtime_ns)
+
+    killer = threading.Thread(target=kill_after_first_checkpoint)
+    killer.start()
+    outcome = run_sweep(spec, [cfg], tmp_path / "r")
+    killer.join()
+    assert killed, "the worker was never killed"
+    assert outcome.failed == [] and outcome.missing == []
+    assert first_part.stat().st_mtime_ns == killed[-1], "the retry restarted instead of resuming"
+
+    reference = ResultsStore(tmp_path / "ref", spec.name)
+    train_trial(cfg, reference, reference.sink(cfg.trial_id))
+    store = ResultsStore(tmp_path / "r", spec.name)
+    for table, key in (("metrics", ["step", "layer", "site", "basis", "metric"]), ("curves", ["step"])):
+        got, want = store.read(table), reference.read(table)
+        assert got.height == got.unique(key).height == want.height, table
+        drop = ["tokens_per_s"] if table == "curves" else []
+        assert got.drop(drop).sort(key).equals(want.drop(drop).sort(key)), table
