@@ -137,6 +137,8 @@ class ProbeResult:
 
     rows: list[dict] = field(default_factory=list)
     val_loss: float = float("nan")
+    extra: list[list[float]] = field(default_factory=list)
+    """The caller's `extra` tensors, read back in the same transfer (e.g. per-step train losses)."""
 
 
 class ActivationProbe:
@@ -173,8 +175,9 @@ class ActivationProbe:
             self._basis = q.to(device)
         return self._basis
 
-    def run(self, x: Tensor, y: Tensor) -> ProbeResult:
-        """One forward on (x, y); every (layer, site, basis, metric) row exactly once."""
+    def run(self, x: Tensor, y: Tensor, extra: Sequence[Tensor] = ()) -> ProbeResult:
+        """One forward on (x, y); every (layer, site, basis, metric) row exactly once. `extra`
+        device tensors ride along in the single readback (so an eval costs one host sync)."""
         model, blocks = self.model, self.model.blocks
         keys: list[tuple[int, str, str, str]] = []
         values: list[Tensor] = []
@@ -227,6 +230,12 @@ class ActivationProbe:
 
         keys.append((-1, "model", "computation", "dettmers_outliers"))
         values.append(_dettmers_count(torch.stack(hits), layer_frac=0.25))
-        out = torch.stack([v.float() for v in values] + [loss.detach().float()]).tolist()  # the one host sync
+        scalars = torch.stack([v.float() for v in values] + [loss.detach().float()])
+        flat = torch.cat([scalars, *(e.detach().float().reshape(-1) for e in extra)]).tolist()  # the one host sync
+        out, rest = flat[: len(scalars)], flat[len(scalars):]
+        extras = []
+        for e in extra:
+            extras.append(rest[: e.numel()])
+            rest = rest[e.numel():]
         rows = [{"layer": l, "site": s, "basis": b, "metric": m, "value": v} for (l, s, b, m), v in zip(keys, out)]
-        return ProbeResult(rows=rows, val_loss=out[-1])
+        return ProbeResult(rows=rows, val_loss=out[-1], extra=extras)

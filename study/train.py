@@ -227,19 +227,16 @@ def train(
     last_logged, train_time, interval_start = step, 0.0, time.perf_counter()
 
     def evaluate(at: int) -> bool:
-        """Probe + curves since the last eval, one readback each. False when diverged."""
+        """Probe + curves since the last eval, in one host readback. False when diverged."""
         nonlocal last_logged, val_loss, train_loss, initial_loss, tokens_per_s, train_time, interval_start
         interval = time.perf_counter() - interval_start
-        model.eval()
+        new = range(last_logged + 1, at + 1)
         with autocast:
-            result = probe.run(x_eval, y_eval)
-        model.train()
+            result = probe.run(x_eval, y_eval, extra=(losses[new.start : new.stop], grad_norms[new.start : new.stop]))
         val_loss = result.val_loss
         if initial_loss is None:
             initial_loss = val_loss
-        new = range(last_logged + 1, at + 1)
-        train_hist = losses[last_logged + 1 : at + 1].tolist()
-        gn_hist = grad_norms[last_logged + 1 : at + 1].tolist()
+        train_hist, gn_hist = result.extra
         tokens_per_s = len(new) * tps / interval if len(new) and interval > 0 else tokens_per_s
         train_time += interval
         rows = [

@@ -277,8 +277,9 @@ def test_probe_one_host_transfer(monkeypatch):
             return _orig(self, *a, **k)
 
         monkeypatch.setattr(torch.Tensor, name, counting)
-    probe.run(x, y)
+    result = probe.run(x, y, extra=(torch.tensor([1.0, 2.0]), torch.tensor([3.0])))
     assert counts == {"tolist": 1, "item": 0, "cpu": 0, "numpy": 0}
+    assert result.extra == [[1.0, 2.0], [3.0]]  # the caller's values ride in the same readback
 
 
 def test_probe_under_bf16_autocast():

@@ -111,3 +111,19 @@ def test_training_leaves_torch_threads_as_configured():
     train(tiny(steps=2, runtime={"num_threads": 1}))
     assert torch.get_num_threads() == 1
     torch.set_num_threads(before)
+
+
+def test_one_host_readback_per_eval_and_none_in_steps(monkeypatch):
+    counts = {"tolist": 0, "item": 0, "cpu": 0, "numpy": 0}
+    for name in counts:
+        original = getattr(torch.Tensor, name)
+
+        def counting(self, *a, _name=name, _orig=original, **k):
+            counts[_name] += 1
+            return _orig(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, counting)
+    train(tiny(steps=20, optimizer={"name": "rotated_adam", "lr": 3e-3},
+               train={"steps": 20, "batch_size": 4, "eval_every": 5, "eval_batch": {"sequences": 2},
+                      "checkpoint_every": 0, "invariance_check": False}))
+    assert counts == {"tolist": 5, "item": 0, "cpu": 0, "numpy": 0}  # evals at 0, 5, 10, 15, 20
