@@ -114,7 +114,8 @@ def test_training_leaves_torch_threads_as_configured():
 
 
 def test_one_host_readback_per_eval_and_none_in_steps(monkeypatch):
-    counts = {"tolist": 0, "item": 0, "cpu": 0, "numpy": 0}
+    # (Tensor.numpy is left out: the batch sampler draws window starts on the CPU generator.)
+    counts = {"tolist": 0, "item": 0, "cpu": 0}
     for name in counts:
         original = getattr(torch.Tensor, name)
 
@@ -126,4 +127,4 @@ def test_one_host_readback_per_eval_and_none_in_steps(monkeypatch):
     train(tiny(steps=20, optimizer={"name": "rotated_adam", "lr": 3e-3},
                train={"steps": 20, "batch_size": 4, "eval_every": 5, "eval_batch": {"sequences": 2},
                       "checkpoint_every": 0, "invariance_check": False}))
-    assert counts == {"tolist": 5, "item": 0, "cpu": 0, "numpy": 0}  # evals at 0, 5, 10, 15, 20
+    assert counts == {"tolist": 5, "item": 0, "cpu": 0}  # evals at 0, 5, 10, 15, 20
