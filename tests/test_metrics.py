@@ -263,20 +263,12 @@ def test_probe_hooks_removed_after_an_error():
     assert all_hooks(model) == 0
 
 
-def test_probe_one_host_transfer(monkeypatch):
+def test_probe_one_host_transfer(request):
     model = tiny_model()
     x, y = batch()
     probe = ActivationProbe(model, 0)
     probe.run(x, y)  # builds the random basis once
-    counts = {"tolist": 0, "item": 0, "cpu": 0, "numpy": 0}
-    for name in counts:
-        original = getattr(torch.Tensor, name)
-
-        def counting(self, *a, _name=name, _orig=original, **k):
-            counts[_name] += 1
-            return _orig(self, *a, **k)
-
-        monkeypatch.setattr(torch.Tensor, name, counting)
+    counts = request.getfixturevalue("readbacks")
     result = probe.run(x, y, extra=(torch.tensor([1.0, 2.0]), torch.tensor([3.0])))
     assert counts == {"tolist": 1, "item": 0, "cpu": 0, "numpy": 0}
     assert result.extra == [[1.0, 2.0], [3.0]]  # the caller's values ride in the same readback
