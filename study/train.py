@@ -220,7 +220,7 @@ def train(
     else:
         sink.begin(None)
 
-    total, tps = cfg.total_steps, cfg.tokens_per_step
+    start_step, total, tps = step, cfg.total_steps, cfg.tokens_per_step
     status, train_loss, val_loss, tokens_per_s = "done", float("nan"), float("nan"), 0.0
     losses = torch.zeros(total + 1, device=device)  # per-step, read back once per eval
     grad_norms = torch.zeros(total + 1, device=device)
@@ -308,7 +308,7 @@ def train(
     summary = RunSummary(
         trial_id=cfg.trial_id, status=status, steps=step, tokens=step * tps,
         final_train_loss=train_loss, final_val_loss=val_loss,
-        tokens_per_s=(step - (state["step"] if ckpt else 0)) * tps / train_time if train_time > 0 else 0.0,
+        tokens_per_s=(step - start_step) * tps / train_time if train_time > 0 else 0.0,
         wall_s=wall,
     )
     sink.run(run_row(cfg, summary, device, corpus.fingerprint))

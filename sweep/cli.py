@@ -83,10 +83,10 @@ def plan(
 
     spec, trials = load(spec_path)
     store = ResultsStore(results, spec.name)
-    statuses = store.statuses() if store.exists() else {}
-    runs = store.read("runs") if statuses else None
+    runs = store.read("runs")  # once: statuses and measured throughput both come from it
+    statuses = dict(zip(runs["trial_id"].to_list(), runs["status"].to_list()))
     flops_per_s = None
-    if runs is not None and runs.height:
+    if runs.height:
         done = runs.filter(runs["status"] == "done")
         if done.height:  # measured throughput of this machine/cluster, FLOP/s, median over runs
             flops_per_s = float((done["flops_per_token"] * done["tokens_per_s"]).median())
