@@ -20,6 +20,15 @@ from typing import Any
 
 import polars as pl
 
+from analysis.schema import (  # re-exported: the contract lives in schema.py
+    CHECKS_SCHEMA,
+    CURVES_SCHEMA,
+    METRICS_SCHEMA,
+    RUNS_SCHEMA,
+    SCHEMAS,
+    TABLES,
+)
+
 __all__ = [
     "CHECKS_SCHEMA",
     "CONFIG_COLUMNS",
@@ -33,33 +42,6 @@ __all__ = [
     "config_label",
     "load",
 ]
-
-TABLES = ("runs", "metrics", "curves", "checks")
-
-_S, _I, _F = pl.String, pl.Int64, pl.Float64
-
-RUNS_SCHEMA: dict[str, pl.DataType] = {
-    "trial_id": _S, "sweep": _S, "status": _S,
-    "d_model": _I, "n_layers": _I, "n_heads": _I, "d_mlp": _I,
-    "params": _I, "params_non_embedding": _I, "flops_per_token": _F,
-    "optimizer": _S, "lr": _F, "norm": _S, "rotation": _S, "group_size": _I, "seed": _I,
-    "corpus": _S, "seq_len": _I, "batch_size": _I, "tokens": _I, "steps": _I,
-    "final_train_loss": _F, "final_val_loss": _F, "tokens_per_s": _F, "wall_s": _F,
-    "device": _S, "torch_version": _S, "version": _S, "git_sha": _S,
-    "corpus_fingerprint": _S, "error": _S, "config_json": _S,
-}  # fmt: skip
-METRICS_SCHEMA: dict[str, pl.DataType] = {
-    "trial_id": _S, "step": _I, "tokens": _I, "layer": _I,
-    "site": _S, "basis": _S, "metric": _S, "value": _F,
-}  # fmt: skip
-CURVES_SCHEMA: dict[str, pl.DataType] = {
-    "trial_id": _S, "step": _I, "tokens": _I, "train_loss": _F, "val_loss": _F,
-    "lr": _F, "grad_norm": _F, "tokens_per_s": _F,
-}  # fmt: skip
-CHECKS_SCHEMA: dict[str, pl.DataType] = {"trial_id": _S, "check": _S, "dtype": _S, "value": _F}
-SCHEMAS: dict[str, dict[str, pl.DataType]] = dict(
-    zip(TABLES, (RUNS_SCHEMA, METRICS_SCHEMA, CURVES_SCHEMA, CHECKS_SCHEMA), strict=True)
-)
 
 # A "config" is a grid point without its seed; seeds are replicates of it. lr is part of the
 # config so that a learning-rate sweep is never averaged as if it were replicates.

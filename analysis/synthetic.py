@@ -285,6 +285,13 @@ def write_store(
     )
 
     # ---- write
+    config_cols = ["optimizer", "norm", "rotation", "group_size", "lr", "d_model", "n_layers"]
+    runs = runs.with_columns(
+        config_id=pl.concat_str([pl.col(c).cast(pl.String).fill_null("-") for c in config_cols], separator="|")
+        .hash()
+        .cast(pl.String),
+        **{c: pl.lit(None) for c in RUNS_SCHEMA if c not in runs.columns and c != "config_id"},
+    )
     runs = runs.select(list(RUNS_SCHEMA)).cast(RUNS_SCHEMA)  # type: ignore[arg-type]
     tables = {"runs": runs, "metrics": m.cast(METRICS_SCHEMA)}  # type: ignore[arg-type]
     if curves:

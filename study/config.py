@@ -18,6 +18,14 @@ NormName = Literal["layernorm", "rmsnorm", "rmsnorm_scalar"]
 OptimizerName = Literal["adam", "sgd", "rotated_adam"]
 RotationMode = Literal["none", "shared", "independent", "partial", "groups"]
 
+OPTIMIZER_FAMILY: dict[str, str] = {
+    "adam": "per_coordinate",
+    "sgd": "rotation_equivariant",
+    "rotated_adam": "fixed_random_basis",
+}
+"""Each optimiser's family (a runs column): does its update depend on the coordinate basis?
+per_coordinate, rotation_equivariant, fixed_random_basis or adaptive_basis."""
+
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
@@ -278,6 +286,14 @@ class TrialConfig(_Frozen):
         """12-hex-digit hash of science_json()."""
         return hashlib.sha256(self.science_json().encode()).hexdigest()[:12]
 
+    @property
+    def config_id(self) -> str:
+        """12-hex-digit hash of science_json() without the seed: the seeds of one config share
+        it, and every seed aggregate groups by it (never by a hand-picked column list)."""
+        payload = self.model_dump(mode="json", exclude={"runtime", "sweep", "seed"})
+        canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
     # ---- sizes ----------------------------------------------------------------------------
 
     @property
@@ -335,15 +351,23 @@ class TrialConfig(_Frozen):
         """The grid axes as flat columns for the runs table."""
         o = self.optimizer
         return {
+            "config_id": self.config_id,
             "d_model": self.model.d_model, "n_layers": self.model.n_layers,
             "n_heads": self.model.n_heads, "d_mlp": self.model.d_mlp,
             "params": self.params, "params_non_embedding": self.params_non_embedding,
             "flops_per_token": self.flops_per_token,
-            "optimizer": o.name, "lr": o.lr, "weight_decay": o.weight_decay,
+            "optimizer": o.name, "optimizer_family": OPTIMIZER_FAMILY[o.name], "lr": o.lr, "weight_decay": o.weight_decay,
             "momentum": o.momentum if o.name == "sgd" else None,
+            "eps": o.eps if o.name in ("adam", "rotated_adam") else None,
+            "beta1": o.betas[0] if o.name in ("adam", "rotated_adam") else None,
+            "beta2": o.betas[1] if o.name in ("adam", "rotated_adam") else None,
+            "nesterov": o.nesterov if o.name == "sgd" else None,
             "rotate": o.rotate if o.name == "rotated_adam" else None,
             "norm": self.norm, "rotation": self.rotation.mode,
-            "group_size": self.rotation.group_size, "rotation_label": self.rotation.label,
+            "group_size": self.rotation.group_size,
+            "rotation_groups": (json.dumps([list(g) for g in self.rotation.groups], separators=(",", ":"))
+                                if self.rotation.groups is not None else None),
+            "rotation_label": self.rotation.label,
             "seed": self.seed, "corpus": self.data.source, "seq_len": self.data.seq_len,
             "batch_size": self.train.batch_size,
         }

@@ -25,40 +25,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-TABLES = ("runs", "metrics", "curves", "checks")
+from analysis.schema import ARROW, FINISHED, TABLES
 
-SCHEMAS: dict[str, pa.Schema] = {
-    "runs": pa.schema([
-        ("trial_id", pa.string()), ("sweep", pa.string()), ("status", pa.string()),
-        ("d_model", pa.int64()), ("n_layers", pa.int64()), ("n_heads", pa.int64()), ("d_mlp", pa.int64()),
-        ("params", pa.int64()), ("params_non_embedding", pa.int64()), ("flops_per_token", pa.float64()),
-        ("optimizer", pa.string()), ("lr", pa.float64()), ("weight_decay", pa.float64()),
-        ("momentum", pa.float64()), ("rotate", pa.string()),
-        ("norm", pa.string()), ("rotation", pa.string()), ("group_size", pa.int64()),
-        ("rotation_label", pa.string()), ("seed", pa.int64()), ("corpus", pa.string()),
-        ("seq_len", pa.int64()), ("batch_size", pa.int64()),
-        ("tokens", pa.int64()), ("steps", pa.int64()),
-        ("final_train_loss", pa.float64()), ("final_val_loss", pa.float64()),
-        ("tokens_per_s", pa.float64()), ("wall_s", pa.float64()),
-        ("device", pa.string()), ("torch_version", pa.string()), ("version", pa.string()),
-        ("git_sha", pa.string()), ("corpus_fingerprint", pa.string()), ("error", pa.string()),
-        ("config_json", pa.string()),
-    ]),
-    "metrics": pa.schema([
-        ("trial_id", pa.string()), ("step", pa.int64()), ("tokens", pa.int64()), ("layer", pa.int64()),
-        ("site", pa.string()), ("basis", pa.string()), ("metric", pa.string()), ("value", pa.float64()),
-    ]),
-    "curves": pa.schema([
-        ("trial_id", pa.string()), ("step", pa.int64()), ("tokens", pa.int64()),
-        ("train_loss", pa.float64()), ("val_loss", pa.float64()), ("lr", pa.float64()),
-        ("grad_norm", pa.float64()), ("tokens_per_s", pa.float64()),
-    ]),
-    "checks": pa.schema([
-        ("trial_id", pa.string()), ("check", pa.string()), ("dtype", pa.string()), ("value", pa.float64()),
-    ]),
-}
-
-FINISHED = ("done", "diverged")
+SCHEMAS: dict[str, pa.Schema] = ARROW  # the contract: analysis/schema.py
 _PART = re.compile(r"^(?P<trial>.+)\.(?P<first>\d+)-(?P<last>\d+)\.parquet$")
 
 

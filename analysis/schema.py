@@ -1,0 +1,90 @@
+"""THE results-store schema: one declaration of every table's columns and types.
+
+The contract between the halves (DESIGN.md "The results store"): `sweep/store.py` writes with
+the pyarrow schemas (`ARROW`), `analysis.load` reads with the polars ones derived from them
+(`RUNS_SCHEMA` ...). sweep may import analysis, never the reverse, so the contract lives here.
+
+A new runs column is added here, once; `study.train.run_row` fills it (a test checks that every
+key run_row writes is declared here). Identity columns: `trial_id` hashes the science config
+(seed included); `config_id` hashes it without the seed, so seeds of one config share it and
+every seed aggregate groups by it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+import polars as pl
+import pyarrow as pa
+
+__all__ = [
+    "ARROW",
+    "CHECKS_SCHEMA",
+    "CURVES_SCHEMA",
+    "FINISHED",
+    "METRICS_SCHEMA",
+    "RUNS_SCHEMA",
+    "SCHEMAS",
+    "STATUSES",
+    "TABLES",
+    "Status",
+]
+
+TABLES = ("runs", "metrics", "curves", "checks")
+
+Status = Literal["done", "failed", "diverged"]
+"""A trial's status in the runs table."""
+STATUSES: tuple[str, ...] = get_args(Status)
+FINISHED: tuple[str, ...] = ("done", "diverged")
+"""Statuses that need no more work (failed trials are retried)."""
+
+_S, _I, _F, _B = pa.string(), pa.int64(), pa.float64(), pa.bool_()
+
+ARROW: dict[str, pa.Schema] = {
+    "runs": pa.schema([
+        # identity
+        ("trial_id", _S), ("config_id", _S), ("sweep", _S), ("status", _S),
+        # model shape and size
+        ("d_model", _I), ("n_layers", _I), ("n_heads", _I), ("d_mlp", _I),
+        ("params", _I), ("params_non_embedding", _I), ("flops_per_token", _F),
+        # optimiser
+        ("optimizer", _S), ("optimizer_family", _S), ("lr", _F), ("weight_decay", _F),
+        ("momentum", _F), ("eps", _F), ("beta1", _F), ("beta2", _F), ("nesterov", _B), ("rotate", _S),
+        # norm and rotation plan
+        ("norm", _S), ("rotation", _S), ("group_size", _I), ("rotation_groups", _S),
+        ("rotation_label", _S),
+        # data and schedule
+        ("seed", _I), ("corpus", _S), ("seq_len", _I), ("batch_size", _I),
+        # results
+        ("tokens", _I), ("steps", _I),
+        ("final_train_loss", _F), ("final_val_loss", _F),
+        ("tokens_per_s", _F), ("wall_s", _F), ("mfu", _F), ("peak_memory_bytes", _I),
+        # where and what ran
+        ("device", _S), ("node", _S), ("torch_version", _S), ("version", _S),
+        ("git_sha", _S), ("corpus_fingerprint", _S), ("error", _S), ("config_json", _S),
+    ]),
+    "metrics": pa.schema([
+        ("trial_id", _S), ("step", _I), ("tokens", _I), ("layer", _I),
+        ("site", _S), ("basis", _S), ("metric", _S), ("value", _F),
+    ]),
+    "curves": pa.schema([
+        ("trial_id", _S), ("step", _I), ("tokens", _I),
+        ("train_loss", _F), ("val_loss", _F), ("lr", _F),
+        ("grad_norm", _F), ("tokens_per_s", _F),
+    ]),
+    "checks": pa.schema([
+        ("trial_id", _S), ("check", _S), ("dtype", _S), ("value", _F),
+    ]),
+}  # fmt: skip
+
+
+def _polars(schema: pa.Schema) -> dict[str, pl.DataType]:
+    return dict(pl.from_arrow(schema.empty_table()).schema)
+
+
+SCHEMAS: dict[str, dict[str, pl.DataType]] = {t: _polars(ARROW[t]) for t in TABLES}
+"""The polars view of each table's contract (column -> dtype), in ARROW's column order."""
+RUNS_SCHEMA = SCHEMAS["runs"]
+METRICS_SCHEMA = SCHEMAS["metrics"]
+CURVES_SCHEMA = SCHEMAS["curves"]
+CHECKS_SCHEMA = SCHEMAS["checks"]
