@@ -38,14 +38,14 @@ def test_good_spec(tmp_path):
 
 
 @pytest.mark.parametrize("old,new,expected", [
-    ("{name: rotated_adam, lr: 1.0e-3}", "{name: rotated_adam, lr: -1}", "grid.optimizer[2].lr: Input should be greater than 0 (line 8)"),
+    ("{name: rotated_adam, lr: 1.0e-3}", "{name: rotated_adam, lr: -1}", "grid.optimizer[2].lr: Input should be greater than 0, got -1 (line 8)"),
     ("{name: sgd, lr: 0.1}", "{name: sgdd, lr: 0.1}", "grid.optimizer[1].name:"),
-    ("train: {steps: 5}", "train: {steps: 0}", "train.steps: Input should be greater than 0 (line 2)"),
+    ("train: {steps: 5}", "train: {steps: 0}", "train.steps: Input should be greater than 0, got 0 (line 2)"),
     ("train: {steps: 5}", "train: {steps: 5, stepz: 3}", "train.stepz: unknown key"),
-    ("n_heads: 2}", "n_heads: 3}", "grid.model[0]: d_model (32) must be divisible by n_heads (3)"),
-    ("group_size: 2}", "group_size: 3}", "grid.rotation[1]: rotation.group_size (3) must be in 1..n_layers (2) (with grid.model[0]) (line 9)"),
+    ("n_heads: 2}", "n_heads: 3}", "grid.model[0].n_heads: d_model (32) must be divisible by n_heads (3) (line 4)"),
+    ("group_size: 2}", "group_size: 3}", "grid.rotation[1].group_size: rotation.group_size (3) must be in 1..n_layers (2) (with grid.model[0]) (line 9)"),
     ("rotation: [none,", "rotation: [nonee,", "grid.rotation[0]"),
-    ("name: t", "name: t\ndata: {text: /no/such/file.txt}", "data.text: /no/such/file.txt does not exist"),
+    ("name: t", "name: t\ndata: {text: /no/such/file.txt}", "data.text: no such file or folder: /no/such/file.txt (line 2)"),
     ("name: t", "name: t\nresources: {cpu: 0}", "resources.cpu"),
 ])
 def test_bad_specs_name_the_place(tmp_path, old, new, expected):
@@ -64,3 +64,21 @@ def test_yaml_syntax_error_has_a_line(tmp_path):
 def test_missing_file():
     with pytest.raises(SpecError, match="no such spec file"):
         load_spec("/no/such/spec.yaml")
+
+
+def test_ladder_errors_name_the_list_element_and_its_line(tmp_path):
+    text = GOOD.replace("- {name: sgd, lr: 0.1}", "- name: sgd\n      momentum: 0.9\n      lr: [0.1, 0.3, -1]")
+    with pytest.raises(SpecError) as info:
+        load_spec(write(tmp_path, text))
+    assert "grid.optimizer[1].lr[2]: Input should be greater than 0, got -1 (line 9)" in str(info.value)
+    text = GOOD.replace("{name: adam, lr: 1.0e-3}", "{name: adam, lr: 1.0e-3, betas: [[0.9, 0.95], [0.9, 1.5]]}")
+    with pytest.raises(SpecError, match=r"grid.optimizer\[0\].betas\[1\]: betas must lie in \[0, 1\), got \[0.9, 1.5\] \(line 6\)"):
+        load_spec(write(tmp_path, text))
+
+
+def test_duplicate_points_give_the_lines_of_both_entries(tmp_path):
+    text = GOOD.replace("- {name: sgd, lr: 0.1}", "- {name: sgd, lr: [0.1, 0.3]}\n    - {name: sgd, lr: 0.3}")
+    with pytest.raises(SpecError) as info:
+        load_spec(write(tmp_path, text))
+    assert ("grid.optimizer[2]: the same grid point as grid.optimizer[1].lr[1] (line 7), "
+            "got {name: sgd, lr: 0.3} (line 8)") in str(info.value)
