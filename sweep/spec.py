@@ -167,7 +167,7 @@ class SweepSpec(_Spec):
     @model_validator(mode="after")
     def _device_has_gpus(self) -> SweepSpec:
         if self.device.startswith("cuda") and not self.resources.any_gpu:
-            raise FieldError("device", f"device {self.device} needs resources.gpu > 0: Ray gives a trial "
+            raise FieldError("device", f"{self.device} needs resources.gpu > 0: Ray gives a trial "
                                        "without a GPU share no GPU to run on")
         return self
 
@@ -256,6 +256,10 @@ def _message(err: dict) -> str:
         msg = "unknown key"
     elif err["type"] == "finite_number":
         msg = "must be finite"
+    elif err["type"] == "int_from_float":
+        msg = "Input should be a whole number"
+    elif err["type"] == "missing" and err["loc"] and isinstance(err["loc"][-1], int):
+        msg = f"too few values: item {err['loc'][-1]} is missing"
     return msg
 
 
@@ -320,7 +324,9 @@ class _Where:
             extra = getattr((err.get("ctx") or {}).get("error"), "loc", None)
             if extra:  # a cross-field check that names its field
                 loc, value = loc + tuple(extra), _dig(value, extra)
-            if err["type"] in ("extra_forbidden", "missing"):
+            if err["type"] == "missing" and loc and isinstance(loc[-1], int):  # a tuple too short: show it
+                loc, value = loc[:-1], _ABSENT
+            elif err["type"] in ("extra_forbidden", "missing"):
                 value = _ABSENT
             out.append(self.format(loc, _message(err), value, custom=err["type"] in ("value_error", "assertion_error")))
         return list(dict.fromkeys(out))

@@ -1,5 +1,6 @@
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sweep.spec import SpecError, load_spec
@@ -82,3 +83,37 @@ def test_duplicate_points_give_the_lines_of_both_entries(tmp_path):
         load_spec(write(tmp_path, text))
     assert ("grid.optimizer[2]: the same grid point as grid.optimizer[1].lr[1] (line 7), "
             "got {name: sgd, lr: 0.3} (line 8)") in str(info.value)
+
+
+def test_duplicate_keys_are_refused_with_both_lines(tmp_path):
+    with pytest.raises(SpecError, match=r"line 3, column 1: invalid YAML: duplicate key 'train' \(first given at line 2\)"):
+        load_spec(write(tmp_path, GOOD.replace("train: {steps: 5}", "train: {steps: 5}\ntrain: {steps: 6}")))
+
+
+def test_exponents_without_a_dot_are_numbers(tmp_path):
+    spec = load_spec(write(tmp_path, GOOD.replace("lr: 1.0e-3}\n    - {name: sgd", "lr: 1e-3}\n    - {name: sgd")
+                                         .replace("train: {steps: 5}", "train: {tokens_per_param: 2e1}")))
+    assert spec.grid.optimizer[0].lr == 1e-3 and spec.train.tokens_per_param == 20.0
+
+
+def test_cross_field_errors_are_reported_at_their_own_line(tmp_path):
+    text = GOOD.replace("train: {steps: 5}", "train:\n  steps: 5\n  eval_batch:\n    seq_len: 999")
+    with pytest.raises(SpecError, match=r"train.eval_batch.seq_len: .* exceeds data.seq_len \(128\) \(line 5\)"):
+        load_spec(write(tmp_path, text))
+
+
+def test_rotate_all_is_checked_for_every_optimizer(tmp_path):
+    tokens = tmp_path / "t.bin"
+    np.random.default_rng(0).integers(0, 10_000, 50_000).astype(np.uint16).tofile(tokens)
+    text = (GOOD.replace("name: t", f"name: t\ndata: {{tokens: {tokens}, vocab_size: 10000, seq_len: 16}}")
+            .replace("{name: rotated_adam, lr: 1.0e-3}", "{name: rotated_adam, lr: 1.0e-3, rotate: all}"))
+    with pytest.raises(SpecError, match=r"grid.optimizer\[2\].rotate: .*10000 x 10000 basis.*\(line 9\)"):
+        load_spec(write(tmp_path, text))
+
+
+def test_non_utf8_is_one_line(tmp_path):
+    path = tmp_path / "spec.yaml"
+    path.write_bytes(GOOD.encode().replace(b"name: t", b"name: t\xe9"))
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    assert str(info.value).endswith("line 1: not UTF-8 text (byte 0xe9); save the spec as UTF-8")
