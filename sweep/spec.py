@@ -248,12 +248,33 @@ def _written(node: yaml.Node | None) -> str | None:
     return text if text and "\n" not in text and len(text) <= 80 else None
 
 
+def _keys_at(loc: tuple) -> list[str]:
+    """The keys the spec allows in the mapping that holds `loc`'s last key."""
+    cls: Any = SweepSpec
+    for p in loc[:-1]:
+        if isinstance(p, int):
+            continue
+        field = cls.model_fields.get(p) if isinstance(cls, type) and issubclass(cls, _Frozen) else None
+        if field is None:
+            return []
+        candidates, cls = [field.annotation], None
+        while candidates:
+            a = candidates.pop()
+            if isinstance(a, type) and issubclass(a, _Frozen):
+                cls = a
+            else:
+                candidates += list(typing.get_args(a))
+    keys = list(cls.model_fields) if cls is not None else []
+    return keys + (["depth"] if cls is ModelConfig else [])
+
+
 def _message(err: dict) -> str:
     msg = err["msg"]
     for prefix in ("Value error, ", "Assertion failed, "):
         msg = msg.removeprefix(prefix)
     if err["type"] == "extra_forbidden":
-        msg = "unknown key"
+        keys = _keys_at(tuple(err["loc"]))
+        msg = "unknown key" + (f" (expected one of: {', '.join(keys)})" if keys else "")
     elif err["type"] == "finite_number":
         msg = "must be finite"
     elif err["type"] == "int_from_float":

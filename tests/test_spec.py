@@ -42,7 +42,7 @@ def test_good_spec(tmp_path):
     ("{name: rotated_adam, lr: 1.0e-3}", "{name: rotated_adam, lr: -1}", "grid.optimizer[2].lr: Input should be greater than 0, got -1 (line 8)"),
     ("{name: sgd, lr: 0.1}", "{name: sgdd, lr: 0.1}", "grid.optimizer[1].name:"),
     ("train: {steps: 5}", "train: {steps: 0}", "train.steps: Input should be greater than 0, got 0 (line 2)"),
-    ("train: {steps: 5}", "train: {steps: 5, stepz: 3}", "train.stepz: unknown key"),
+    ("train: {steps: 5}", "train: {steps: 5, stepz: 3}", "train.stepz: unknown key (expected one of: steps, tokens,"),
     ("n_heads: 2}", "n_heads: 3}", "grid.model[0].n_heads: d_model (32) must be divisible by n_heads (3) (line 4)"),
     ("group_size: 2}", "group_size: 3}", "grid.rotation[1].group_size: rotation.group_size (3) must be in 1..n_layers (2) (with grid.model[0]) (line 9)"),
     ("rotation: [none,", "rotation: [nonee,", "grid.rotation[0]"),
