@@ -10,9 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import types
+import typing
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 NormName = Literal["layernorm", "rmsnorm", "rmsnorm_scalar"]
 OptimizerName = Literal["adam", "sgd", "rotated_adam"]
@@ -27,8 +29,50 @@ OPTIMIZER_FAMILY: dict[str, str] = {
 per_coordinate, rotation_equivariant, fixed_random_basis or adaptive_basis."""
 
 
+INT64_MAX = 2**63 - 1
+"""Largest integer the results store (int64 columns) can hold."""
+
+
+class FieldError(ValueError):
+    """A check across fields that belongs to one of them: `loc` ("train.eval_batch.seq_len" or
+    a tuple, relative to the model raising it) lets the spec loader report that field's line."""
+
+    def __init__(self, loc: str | tuple, message: str):
+        super().__init__(message)
+        self.loc = tuple(loc.split(".")) if isinstance(loc, str) else tuple(loc)
+
+
+def _allows(annotation: Any, kind: type) -> bool:
+    if annotation is kind:
+        return True
+    return any(_allows(a, kind) for a in typing.get_args(annotation) if not isinstance(a, (str, int, types.NoneType)))
+
+
+def _numbers(value: Any, at: tuple = ()):
+    """(place, number) for every number (and bool) in value, looking inside lists and tuples only."""
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _numbers(v, at + (i,))
+    elif isinstance(value, (int, float)):
+        yield at, value
+
+
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    """Typed, frozen, unknown keys refused; floats finite, no booleans where numbers go, and
+    integers that fit the store's int64, for every field of every config."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _strict_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        annotation = cls.model_fields[info.field_name].annotation
+        for at, v in _numbers(value):
+            if isinstance(v, bool) and not _allows(annotation, bool):
+                raise FieldError(at, "expected a number, not a boolean")
+            if abs(v) > INT64_MAX and (isinstance(v, int) or not _allows(annotation, float)):
+                raise FieldError(at, "must fit in a 64-bit integer (|x| <= 2**63 - 1), as the results store holds it")
+        return value
 
 
 class ModelConfig(_Frozen):
@@ -50,7 +94,7 @@ class ModelConfig(_Frozen):
             data = dict(data)
             depth = data.pop("depth")
             if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
-                raise ValueError("depth must be a positive integer")
+                raise FieldError("depth", f"depth must be a positive integer, got {depth!r}")
             data.setdefault("d_model", 64 * depth)
             data.setdefault("n_layers", depth)
             data.setdefault("n_heads", depth)
@@ -59,7 +103,7 @@ class ModelConfig(_Frozen):
     @model_validator(mode="after")
     def _check_shape(self) -> ModelConfig:
         if self.d_model % self.n_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+            raise FieldError("n_heads", f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if self.d_mlp == 0:
             object.__setattr__(self, "d_mlp", 4 * self.d_model)
         return self
@@ -95,6 +139,8 @@ class RotationConfig(_Frozen):
         if self.mode != "groups" and self.groups is not None:
             raise ValueError(f"groups only applies to mode groups, not {self.mode}")
         if self.groups is not None:
+            if not all(self.groups):
+                raise FieldError("groups", "every group needs at least one block index")
             flat = [b for g in self.groups for b in g]
             if len(flat) != len(set(flat)) or any(b < 0 for b in flat):
                 raise ValueError("groups must list distinct, non-negative block indices")
@@ -133,9 +179,9 @@ class OptimizerConfig(_Frozen):
     @model_validator(mode="after")
     def _check_betas(self) -> OptimizerConfig:
         if not all(0 <= b < 1 for b in self.betas):
-            raise ValueError("betas must lie in [0, 1)")
+            raise FieldError("betas", f"betas must lie in [0, 1), got {list(self.betas)}")
         if self.nesterov and self.momentum == 0:
-            raise ValueError("nesterov needs momentum > 0")
+            raise FieldError("nesterov", "nesterov needs momentum > 0")
         return self
 
 
@@ -163,10 +209,10 @@ class DataConfig(_Frozen):
         elif len(sources) > 1:
             raise ValueError(f"give exactly one of corpus, text, tokens (got {', '.join(sources)})")
         if self.tokens is not None and self.vocab_size is None:
-            raise ValueError("tokens needs vocab_size")
+            raise FieldError("tokens", "tokens needs vocab_size")
         if self.tokens is None:
             if self.vocab_size not in (None, 256):
-                raise ValueError("byte-level corpora have vocab_size 256")
+                raise FieldError("vocab_size", f"byte-level corpora have vocab_size 256, got {self.vocab_size}")
             object.__setattr__(self, "vocab_size", 256)
         return self
 
@@ -230,7 +276,7 @@ class TrainConfig(_Frozen):
 class RuntimeConfig(_Frozen):
     """Where and how the trial runs. Not part of trial_id: it does not change the science."""
 
-    device: str = "auto"
+    device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     """auto (cuda if available), cpu, cuda, cuda:N."""
     num_threads: int = Field(default=0, ge=0)
     """torch CPU threads; 0 leaves torch's default."""
@@ -264,14 +310,15 @@ class TrialConfig(_Frozen):
     def _check_cross(self) -> TrialConfig:
         r, n = self.rotation, self.model.n_layers
         if r.mode == "partial" and r.group_size is not None and r.group_size > n:
-            raise ValueError(f"rotation.group_size ({r.group_size}) must be in 1..n_layers ({n})")
+            raise FieldError("rotation.group_size", f"rotation.group_size ({r.group_size}) must be in 1..n_layers ({n})")
         if r.groups is not None and any(b >= n for g in r.groups for b in g):
-            raise ValueError(f"rotation.groups index out of range 0..{n - 1}")
+            raise FieldError("rotation.groups", f"rotation.groups index out of range 0..{n - 1}")
         if self.optimizer.name == "rotated_adam" and self.optimizer.rotate == "all" and self.vocab_size > 8192:
-            raise ValueError(f"optimizer.rotate: 'all' would need a {self.vocab_size} x {self.vocab_size} basis; "
-                             "use 'residual' with a large vocabulary")
+            raise FieldError("optimizer.rotate", f"optimizer.rotate: 'all' would need a {self.vocab_size} x "
+                             f"{self.vocab_size} basis; use 'residual' with a large vocabulary")
         if self.eval_seq_len > self.data.seq_len:
-            raise ValueError(f"train.eval_batch.seq_len ({self.eval_seq_len}) exceeds data.seq_len ({self.data.seq_len})")
+            raise FieldError("train.eval_batch.seq_len",
+                             f"train.eval_batch.seq_len ({self.eval_seq_len}) exceeds data.seq_len ({self.data.seq_len})")
         return self
 
     # ---- identity -------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from study.config import DataConfig
+from study.config import DataConfig, FieldError
 
 FILE_SEP = 0x1C
 """Byte between files (ASCII 'file separator'; absent from the stdlib sources)."""
@@ -346,3 +346,32 @@ def _rmtree(p: Path) -> None:
     for f in p.iterdir():
         f.unlink()
     p.rmdir()
+
+
+# ---- checks before anything starts ------------------------------------------------------------
+
+
+def check_data(data: DataConfig, eval_sequences: int, eval_seq_len: int, batch_size: int) -> Corpus:
+    """Everything about the corpus that can be known before training, or a FieldError naming
+    the data field at fault: the source exists and loads (a text folder holds files; a tokens
+    file is non-empty, a whole number of its dtype, with ids < vocab_size: a full scan up to
+    FULL_SCAN_BYTES, a sample of SCAN_BLOCKS blocks beyond, as the corpus description says), the
+    train split holds one batch of `batch_size` disjoint windows of seq_len + 1 tokens and the
+    val split one eval window of eval_seq_len + 1 (eval windows may overlap). Loads the corpus
+    as training will (cached), so the driver pays the first read."""
+    field = "text" if data.text is not None else "tokens" if data.tokens is not None else "corpus"
+    try:
+        corpus = load_corpus(data)
+    except (OSError, ValueError) as exc:
+        msg = str(exc) if not isinstance(exc, OSError) or not exc.strerror else f"{exc.strerror}: {exc.filename}"
+        raise FieldError(field, msg.removeprefix(f"data.{field}: ")) from None
+    need_train = batch_size * data.seq_len + 1
+    if len(corpus.train) < need_train:
+        raise FieldError(field, f"{corpus.description}: the train split has {len(corpus.train):,} tokens, fewer than "
+                                f"one batch (train.batch_size {batch_size} x data.seq_len {data.seq_len} + 1 = "
+                                f"{need_train:,}); use a larger corpus or a smaller batch or seq_len")
+    if len(corpus.val) < eval_seq_len + 1:
+        raise FieldError(field, f"{corpus.description}: the val split has {len(corpus.val):,} tokens, fewer than one "
+                                f"eval window of {eval_seq_len} + 1 (for {eval_sequences} eval sequences); use a "
+                                "larger corpus, a larger data.val_fraction or a shorter eval seq_len")
+    return corpus

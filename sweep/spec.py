@@ -1,6 +1,10 @@
 """SweepSpec: the YAML a user writes, validated before anything starts.
 
-Every error names its place in the YAML (`grid.optimizer[2].lr: must be > 0 (line 9)`).
+Every error names its place in the YAML and shows the value written there
+(`grid.optimizer[2].lr: Input should be greater than 0, got -1 (line 9)`). Everything that can
+be checked without training is: types, ranges, finiteness, every grid point's cross-field
+rules, duplicate points, memory and time bounds, the corpus (study.data.check_data) and the
+device. A grid optimizer entry may give a list for any field, a ladder (see Grid.optimizer).
 """
 
 from __future__ import annotations
@@ -8,24 +12,64 @@ from __future__ import annotations
 import itertools
 import math
 import re
+import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from study.config import (
-    DataConfig, ModelConfig, NormName, OptimizerConfig, RotationConfig, RuntimeConfig,
-    TrainConfig, TrialConfig,
+    DataConfig, FieldError, ModelConfig, NormName, OptimizerConfig, RotationConfig, RuntimeConfig,
+    TrainConfig, TrialConfig, _Frozen,
 )
+
+MAX_TRIAL_BYTES = 1 << 40
+"""Estimated training memory above which a trial is refused (1 TiB: no single device or host)."""
+MAX_TRIAL_SECONDS = 365 * 86400
+"""Estimated duration above which a trial is refused (a year)."""
+FASTEST_FLOP_S = 1e15
+"""An optimistic sustained rate for one trial (1 PFLOP/s) for that estimate ..."""
+MIN_STEP_S = 1e-4
+"""... and an optimistic floor on one optimiser step's wall time (0.1 ms)."""
 
 
 class SpecError(ValueError):
     """A spec that cannot run; the message lists every problem with its YAML location."""
 
 
-class _Spec(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+class _Spec(_Frozen):
+    """Spec sections share the configs' strictness (finite floats, no bools for numbers, int64)."""
+
+
+def _tuple_valued(field: str) -> bool:
+    info = OptimizerConfig.model_fields.get(field)
+    return info is not None and typing.get_origin(info.annotation) in (tuple, list)
+
+
+def expand_ladders(entries: Any) -> tuple[Any, list[tuple[int, dict[str, int]]]]:
+    """grid.optimizer entries -> one entry per ladder point, and for each its source: (entry
+    index, {field: index in that field's list}). A field's value is a ladder when it is a list,
+    except for tuple-valued fields (betas), whose ladder is a list of lists. Several ladders in
+    one entry give their cartesian product, in field order, the last varying fastest."""
+    if not isinstance(entries, list):
+        return entries, []
+    out, sources = [], []
+    for i, entry in enumerate(entries):
+        ladders = {}
+        if isinstance(entry, dict):
+            for key, value in entry.items():
+                if isinstance(value, list) and value and (
+                        not _tuple_valued(key) or all(isinstance(v, (list, tuple)) for v in value)):
+                    ladders[key] = value
+        if not ladders:
+            out.append(entry)
+            sources.append((i, {}))
+            continue
+        for picks in itertools.product(*(range(len(v)) for v in ladders.values())):
+            out.append({**entry, **{k: ladders[k][j] for k, j in zip(ladders, picks)}})
+            sources.append((i, dict(zip(ladders, picks))))
+    return out, sources
 
 
 class Grid(_Spec):
@@ -34,7 +78,9 @@ class Grid(_Spec):
     model: list[ModelConfig] = Field(min_length=1)
     """Model shapes: {depth: n} or {d_model, n_layers, n_heads, d_mlp}."""
     optimizer: list[OptimizerConfig] = Field(min_length=1)
-    """Optimisers with their hyper-parameters."""
+    """Optimisers with their hyper-parameters. Any field may be a list, a ladder: `{name: sgd,
+    lr: [0.1, 0.3, 1.0]}` is three grid points; for betas, a list of pairs. Several ladders in
+    one entry give their cartesian product. Holds the expanded entries once validated."""
     norm: list[NormName] = Field(default=["layernorm"], min_length=1)
     """Norm types."""
     rotation: list[RotationConfig] = Field(default=[RotationConfig()], min_length=1)
@@ -42,14 +88,20 @@ class Grid(_Spec):
     seed: list[int] = Field(default=[0], min_length=1)
     """Seeds: replicates of every other point."""
 
-    @field_validator("seed")
+    @model_validator(mode="before")
     @classmethod
-    def _seeds(cls, v: list[int]) -> list[int]:
-        if any(s < 0 for s in v):
-            raise ValueError("seeds must be >= 0")
-        if len(set(v)) != len(v):
-            raise ValueError("seeds must be distinct")
-        return v
+    def _expand_ladders(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "optimizer" in data:
+            data = {**data, "optimizer": expand_ladders(data["optimizer"])[0]}
+        return data
+
+    @model_validator(mode="after")
+    def _seeds(self) -> Grid:
+        if any(s < 0 for s in self.seed):
+            raise FieldError("seed", "seeds must be >= 0")
+        if len(set(self.seed)) != len(self.seed):
+            raise FieldError("seed", "seeds must be distinct")
+        return self
 
 
 class ResourceOverride(_Spec):
@@ -75,10 +127,14 @@ class Resources(_Spec):
 
     @model_validator(mode="after")
     def _whole_gpus(self) -> Resources:
-        for g in [self.gpu] + [o.gpu for o in self.by_size]:
+        for loc, g in [("gpu", self.gpu)] + [(("by_size", i, "gpu"), o.gpu) for i, o in enumerate(self.by_size)]:
             if g > 1 and g != int(g):
-                raise ValueError(f"gpu above 1 must be a whole number, got {g}")
+                raise FieldError(loc, f"gpu above 1 must be a whole number, got {g}")
         return self
+
+    @property
+    def any_gpu(self) -> bool:
+        return self.gpu > 0 or any(o.gpu > 0 for o in self.by_size)
 
     def for_params(self, params: int) -> dict[str, float]:
         cpu, gpu = self.cpu, self.gpu
@@ -105,22 +161,46 @@ class SweepSpec(_Spec):
     """Times a failed trial is retried (from its last checkpoint)."""
     compile: bool = False
     """torch.compile every model."""
-    device: str = "auto"
-    """auto, cpu or cuda."""
+    device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    """auto, cpu, cuda or cuda:N."""
 
     @model_validator(mode="after")
-    def _paths_exist(self) -> SweepSpec:
-        for key in ("text", "tokens"):
-            path = getattr(self.data, key)
-            if path is not None and not Path(path).exists():
-                raise ValueError(f"data.{key}: {path} does not exist")
-        eval_len = self.train.eval_batch.seq_len
-        if eval_len is not None and eval_len > self.data.seq_len:
-            raise ValueError(f"train.eval_batch.seq_len ({eval_len}) exceeds data.seq_len ({self.data.seq_len})")
+    def _device_has_gpus(self) -> SweepSpec:
+        if self.device.startswith("cuda") and not self.resources.any_gpu:
+            raise FieldError("device", f"{self.device} needs resources.gpu > 0: Ray gives a trial "
+                                       "without a GPU share no GPU to run on")
         return self
 
 
-# ---- loading with located errors -------------------------------------------------------------
+# ---- reading YAML ---------------------------------------------------------------------------
+
+
+class SpecLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently) and reads
+    `1e15`, `3e-3` as floats (YAML 1.2; YAML 1.1 needs a dot and would give a string)."""
+
+    def construct_mapping(self, node, deep=False):
+        self.flatten_mapping(node)
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:
+                continue  # an unhashable key: SafeLoader reports it below
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first given at line {first}); give each key once",
+                    key_node.start_mark)
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
+SpecLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"), list("-+0123456789"))
+
+
+# ---- located errors ---------------------------------------------------------------------------
 
 
 def _loc(parts: tuple[Any, ...]) -> str:
@@ -135,8 +215,9 @@ def _loc(parts: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
-def _line_of(root: yaml.Node | None, parts: tuple[Any, ...]) -> int | None:
-    """1-based line of the YAML node at `parts`, or of its deepest existing ancestor."""
+def _node_at(root: yaml.Node | None, parts: tuple[Any, ...]) -> tuple[yaml.Node | None, int | None]:
+    """The YAML node at `parts` (None if absent) and the 1-based line of it, or of its deepest
+    existing ancestor."""
     node, line = root, None
     for p in parts:
         if node is None:
@@ -148,7 +229,43 @@ def _line_of(root: yaml.Node | None, parts: tuple[Any, ...]) -> int | None:
             node = node.value[p]
         else:
             node = None
-    return node.start_mark.line + 1 if node is not None else line
+    return node, (node.start_mark.line + 1 if node is not None else line)
+
+
+def _line_of(root: yaml.Node | None, parts: tuple[Any, ...]) -> int | None:
+    return _node_at(root, parts)[1]
+
+
+def _written(node: yaml.Node | None) -> str | None:
+    """The text the user wrote for a node, when it is short and on one line."""
+    if node is None or node.start_mark.buffer is None:
+        return None
+    text = node.start_mark.buffer[node.start_mark.index:node.end_mark.index].strip()
+    if isinstance(node, yaml.ScalarNode) and node.style in ("'", '"'):
+        text = repr(node.value)
+    elif isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:str":
+        text = repr(node.value)
+    return text if text and "\n" not in text and len(text) <= 80 else None
+
+
+def _keys_at(loc: tuple) -> list[str]:
+    """The keys the spec allows in the mapping that holds `loc`'s last key."""
+    cls: Any = SweepSpec
+    for p in loc[:-1]:
+        if isinstance(p, int):
+            continue
+        field = cls.model_fields.get(p) if isinstance(cls, type) and issubclass(cls, _Frozen) else None
+        if field is None:
+            return []
+        candidates, cls = [field.annotation], None
+        while candidates:
+            a = candidates.pop()
+            if isinstance(a, type) and issubclass(a, _Frozen):
+                cls = a
+            else:
+                candidates += list(typing.get_args(a))
+    keys = list(cls.model_fields) if cls is not None else []
+    return keys + (["depth"] if cls is ModelConfig else [])
 
 
 def _message(err: dict) -> str:
@@ -156,29 +273,117 @@ def _message(err: dict) -> str:
     for prefix in ("Value error, ", "Assertion failed, "):
         msg = msg.removeprefix(prefix)
     if err["type"] == "extra_forbidden":
-        msg = "unknown key"
+        keys = _keys_at(tuple(err["loc"]))
+        msg = "unknown key" + (f" (expected one of: {', '.join(keys)})" if keys else "")
+    elif err["type"] == "finite_number":
+        msg = "must be finite"
+    elif err["type"] == "int_from_float":
+        msg = "Input should be a whole number"
+    elif err["type"] == "missing" and err["loc"] and isinstance(err["loc"][-1], int):
+        msg = f"too few values: item {err['loc'][-1]} is missing"
     return msg
 
 
+_ABSENT = object()
+
+
+class _Where:
+    """Maps error locations in the validated spec back to the YAML the user wrote: ladder
+    points to their list element, and each place to its line and written value."""
+
+    def __init__(self, root: yaml.Node | None, data: Any):
+        self.root = root
+        grid = data.get("grid") if isinstance(data, dict) else None
+        self.sources = expand_ladders(grid.get("optimizer"))[1] if isinstance(grid, dict) else []
+
+    def map(self, loc: tuple) -> tuple:
+        if len(loc) >= 3 and loc[:2] == ("grid", "optimizer") and isinstance(loc[2], int) and loc[2] < len(self.sources):
+            entry, picks = self.sources[loc[2]]
+            rest = loc[3:]
+            if rest and rest[0] in picks:
+                return ("grid", "optimizer", entry, rest[0], picks[rest[0]], *rest[1:])
+            return ("grid", "optimizer", entry, *rest)
+        return loc
+
+    def label(self, loc: tuple) -> str:
+        """A grid entry's name; an expanded ladder point names its list element(s)."""
+        if len(loc) == 3 and loc[:2] == ("grid", "optimizer") and loc[2] < len(self.sources):
+            entry, picks = self.sources[loc[2]]
+            if len(picks) == 1:
+                (field, j), = picks.items()
+                return _loc(("grid", "optimizer", entry, field, j))
+            if picks:
+                return _loc(("grid", "optimizer", entry)) + " (" + ", ".join(f"{f}[{j}]" for f, j in picks.items()) + ")"
+        return _loc(self.map(loc))
+
+    def line(self, loc: tuple) -> int | None:
+        if len(loc) == 3 and loc[:2] == ("grid", "optimizer") and loc[2] < len(self.sources):
+            entry, picks = self.sources[loc[2]]
+            if picks:
+                field, j = next(iter(picks.items()))
+                return _line_of(self.root, ("grid", "optimizer", entry, field, j))
+        return _line_of(self.root, self.map(loc))
+
+    def format(self, loc: tuple, msg: str, value: Any = _ABSENT, custom: bool = True) -> str:
+        """`place: message, got <what the user wrote> (line N)`. A custom message (ours, not
+        pydantic's) that already quotes the value is left as it is."""
+        loc = tuple(loc)
+        node, _ = _node_at(self.root, self.map(loc))
+        shown = _written(node) if self.root is not None else None
+        if shown is None and value is not _ABSENT and not isinstance(value, dict):
+            shown = repr(value) if len(repr(value)) <= 80 else None
+        raw = node.value if isinstance(node, yaml.ScalarNode) else str(value) if value is not _ABSENT else None
+        quoted = "got " in msg or (custom and raw is not None and re.search(rf"(?<![\w.]){re.escape(raw)}(?![\w.])", msg))
+        got = f", got {shown}" if shown is not None and not quoted else ""
+        line = self.line(loc)
+        return f"{self.label(loc)}: {msg}{got}" + (f" (line {line})" if line else "")
+
+    def errors(self, exc: ValidationError, prefix: tuple = ()) -> list[str]:
+        out = []
+        for err in exc.errors():
+            loc, value = prefix + tuple(err["loc"]), err.get("input", _ABSENT)
+            extra = getattr((err.get("ctx") or {}).get("error"), "loc", None)
+            if extra:  # a cross-field check that names its field
+                loc, value = loc + tuple(extra), _dig(value, extra)
+            if err["type"] == "missing" and loc and isinstance(loc[-1], int):  # a tuple too short: show it
+                loc, value = loc[:-1], _ABSENT
+            elif err["type"] in ("extra_forbidden", "missing"):
+                value = _ABSENT
+            out.append(self.format(loc, _message(err), value, custom=err["type"] in ("value_error", "assertion_error")))
+        return list(dict.fromkeys(out))
+
+
+def _dig(value: Any, parts: tuple) -> Any:
+    for p in parts:
+        if isinstance(value, dict) and p in value:
+            value = value[p]
+        elif isinstance(value, (list, tuple)) and isinstance(p, int) and p < len(value):
+            value = value[p]
+        else:
+            return _ABSENT
+    return value
+
+
 def format_errors(exc: ValidationError, root: yaml.Node | None = None, prefix: tuple = ()) -> str:
-    lines = []
-    for err in exc.errors():
-        loc = tuple(p for p in prefix + tuple(err["loc"]))
-        line = _line_of(root, loc)
-        where = f" (line {line})" if line else ""
-        lines.append(f"{_loc(loc)}: {_message(err)}{where}")
-    return "\n".join(lines)
+    return "\n".join(_Where(root, None).errors(exc, prefix))
+
+
+# ---- parsing ----------------------------------------------------------------------------------
 
 
 def parse_spec(data: Any, root: yaml.Node | None = None, source: str = "spec") -> SweepSpec:
-    """Validate a spec dict (and every grid point) or raise SpecError with located messages."""
+    """Validate a spec dict, every grid point, the corpus and the budgets, or raise SpecError
+    with every problem located."""
+    where = _Where(root, data)
     if not isinstance(data, dict):
-        raise SpecError(f"{source}: expected a mapping at the top level")
+        shown = "an empty file" if data is None else type(data).__name__
+        raise SpecError(f"{source}: expected a mapping (name:, train:, grid:, ...) at the top level, got {shown}")
     try:
         spec = SweepSpec.model_validate(data)
     except ValidationError as exc:
-        raise SpecError(format_errors(exc, root)) from None
-    problems = list(_check_points(spec, root))
+        raise SpecError("\n".join(where.errors(exc))) from None
+    problems = list(dict.fromkeys(_check_points(spec, where)))
+    problems += _check_data(spec, where)
     if problems:
         raise SpecError("\n".join(problems))
     return spec
@@ -187,17 +392,29 @@ def parse_spec(data: Any, root: yaml.Node | None = None, source: str = "spec") -
 def load_spec(path: str | Path) -> SweepSpec:
     """Read and validate a YAML spec; SpecError names the file, place and line of each problem."""
     path = Path(path)
+    if path.is_dir():
+        raise SpecError(f"{path}: is a folder, not a spec file")
     if not path.is_file():
         raise SpecError(f"{path}: no such spec file")
-    text = path.read_text()
     try:
-        root = yaml.compose(text)
-        data = yaml.safe_load(text)
+        raw = path.read_bytes()
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise SpecError(f"{path}: line {line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the spec as UTF-8") from None
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    loader = SpecLoader(text)
+    try:
+        root = loader.get_single_node()
+        data = loader.construct_document(root) if root is not None else None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise SpecError(f"{path}:{where}: invalid YAML: {problem}") from None
+    finally:
+        loader.dispose()
     try:
         return parse_spec(data, root, str(path))
     except SpecError as exc:
@@ -216,19 +433,85 @@ def trial_config(spec: SweepSpec, model: ModelConfig, optimizer: OptimizerConfig
     return cfg.model_copy(update={"runtime": cfg.runtime.model_copy(update={"num_threads": threads})})
 
 
-def _check_points(spec: SweepSpec, root: yaml.Node | None):
-    """Combinations that are individually valid but impossible together (e.g. group_size > n_layers)."""
+def _check_points(spec: SweepSpec, where: _Where):
+    """Every combination of the axes (seeds aside): rules across axes (group_size > n_layers,
+    rotate: all with a big vocabulary), memory and time bounds; then repeated axis entries."""
     g = spec.grid
-    seen: set[tuple] = set()
-    for (mi, m), (ri, r) in itertools.product(enumerate(g.model), enumerate(g.rotation)):
+    axes = {"model": g.model, "optimizer": g.optimizer, "norm": g.norm, "rotation": g.rotation}
+    for (mi, m), (oi, o), (ni, n), (ri, r) in itertools.product(*(enumerate(v) for v in axes.values())):
+        index = {"model": mi, "optimizer": oi, "norm": ni, "rotation": ri}
         try:
-            trial_config(spec, m, g.optimizer[0], g.norm[0], r, g.seed[0])
+            cfg = trial_config(spec, m, o, n, r, g.seed[0])
         except ValidationError as exc:
             for err in exc.errors():
-                loc = ("grid", "rotation", ri)
-                line = _line_of(root, loc)
-                key = (ri, _message(err))
-                if key not in seen:
-                    seen.add(key)
-                    yield (f"{_loc(loc)}: {_message(err)} (with grid.model[{mi}])"
-                           + (f" (line {line})" if line else ""))
+                rel = tuple(getattr((err.get("ctx") or {}).get("error"), "loc", ()) or ())
+                loc = ("grid", rel[0], index[rel[0]], *rel[1:]) if rel and rel[0] in index else rel
+                msg = _message(err) + (f" (with grid.model[{mi}])" if rel[:1] == ("rotation",) else "")
+                yield where.format(loc, msg, _dig(err.get("input"), rel) if rel else _ABSENT)
+            continue
+        for loc, msg in _budget(cfg, mi):
+            yield where.format(loc, msg)
+    for axis, entries in axes.items():
+        for j, e in enumerate(entries):
+            i = next(i for i, f in enumerate(entries) if f == e)
+            if i < j:
+                first = ("grid", axis, i)
+                line = where.line(first)
+                yield where.format(("grid", axis, j), f"the same grid point as {where.label(first)}"
+                                   + (f" (line {line})" if line else ""))
+
+
+def _check_data(spec: SweepSpec, where: _Where) -> list[str]:
+    from study.data import check_data  # imports torch: only once the spec itself is valid
+
+    t = spec.train
+    try:
+        check_data(spec.data, t.eval_batch.sequences, t.eval_batch.seq_len or spec.data.seq_len, t.batch_size)
+    except FieldError as exc:
+        return [where.format(("data", *exc.loc), str(exc))]
+    return []
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("EiB", 2**60), ("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
+        if n >= scale:
+            return f"{n / scale:,.3g} {unit}"
+    return f"{n:,.0f} bytes"
+
+
+def _budget(cfg: TrialConfig, mi: int):
+    """Memory and time estimates (rough lower bounds, fp32) against MAX_TRIAL_BYTES and
+    MAX_TRIAL_SECONDS; each problem at the field that drives it."""
+    m, t, V, T = cfg.model, cfg.train, cfg.vocab_size, cfg.data.seq_len
+    d, L, H, f = m.d_model, m.n_layers, m.n_heads, m.d_mlp
+    state = 16 * cfg.params  # weights, gradients, two Adam moments, fp32
+    limit = f"one trial may use at most {_size(MAX_TRIAL_BYTES)}"
+    if state > MAX_TRIAL_BYTES:
+        parts = {("grid", "model", mi, "d_model"): cfg.params_non_embedding, ("data", "vocab_size"): 2 * V * d,
+                 ("data", "seq_len"): T * d}
+        yield (max(parts, key=parts.get),
+               f"{cfg.params:,} parameters (d_model {d}, {L} layers, vocab {V}, seq_len {T}) need about "
+               f"{_size(state)} for weights, gradients and Adam moments; {limit}")
+        return
+
+    def activations(batch: int, seq: int) -> tuple[int, int]:  # (linear in T, attention T^2)
+        return 4 * batch * seq * (L * (8 * d + 2 * f) + 2 * V), 8 * batch * L * H * seq * seq
+
+    for (lin, att), b_loc, t_loc, (b, s) in (
+        (activations(t.batch_size, T), ("train", "batch_size"), ("data", "seq_len"), (t.batch_size, T)),
+        (activations(t.eval_batch.sequences, cfg.eval_seq_len), ("train", "eval_batch", "sequences"),
+         ("train", "eval_batch", "seq_len") if t.eval_batch.seq_len else ("data", "seq_len"),
+         (t.eval_batch.sequences, cfg.eval_seq_len)),
+    ):
+        if state + lin + att > MAX_TRIAL_BYTES:
+            yield (t_loc if att > lin else b_loc,
+                   f"a batch of {b:,} x {s:,} tokens needs about {_size(lin + att)} of activations "
+                   f"({_size(att)} of them attention scores, which grow as seq_len^2); {limit}")
+            return
+    steps = cfg.total_steps
+    step_s = max(MIN_STEP_S, cfg.flops_per_token * cfg.tokens_per_step / FASTEST_FLOP_S)
+    if steps * step_s > MAX_TRIAL_SECONDS:
+        field = next(k for k in ("steps", "tokens", "tokens_per_param") if getattr(t, k) is not None)
+        yield (("train", field),
+               f"{steps:,} steps would take at least {steps * step_s / MAX_TRIAL_SECONDS:,.3g} years even at "
+               f"{FASTEST_FLOP_S:.0e} FLOP/s and {MIN_STEP_S * 1e3:g} ms per step; one trial may take at most a year")

@@ -67,3 +67,31 @@ def test_bad_configs_name_the_field(bad, field):
 def test_rotation_string_shorthand_and_label():
     assert RotationConfig.model_validate("shared").mode == "shared"
     assert RotationConfig(mode="partial", group_size=2).label == "partial(2)"
+
+
+@pytest.mark.parametrize("bad,field,message", [
+    (dict(train={"steps": True}), "train.steps", "not a boolean"),
+    (dict(optimizer={"name": "adam", "lr": float("inf")}), "optimizer.lr", "finite"),
+    (dict(optimizer={"name": "adam", "lr": float("nan")}), "optimizer.lr", "finite"),
+    (dict(optimizer={"name": "adam", "lr": 1e-3, "betas": [0.9, float("nan")]}), "optimizer.betas.1", "finite"),
+    (dict(train={"steps": 10, "diverge_factor": float("inf")}), "train.diverge_factor", "finite"),
+    (dict(seed=2**70), "seed", "64-bit"),
+    (dict(rotation={"mode": "groups", "groups": [[], [0]]}), "rotation", "at least one block"),
+    (dict(runtime={"device": "tpu"}), "runtime.device", "pattern"),
+])
+def test_configs_are_strict(bad, field, message):
+    with pytest.raises(ValidationError) as info:
+        make(**bad)
+    assert field in str(info.value) and message in str(info.value)
+
+
+def test_bools_stay_bools_and_ints_fit_int64():
+    cfg = make(optimizer={"name": "sgd", "lr": 0.1, "nesterov": True}, seed=2**63 - 1, runtime={"compile": True})
+    assert cfg.optimizer.nesterov is True and cfg.seed == 2**63 - 1
+
+
+def test_cross_field_errors_name_their_field():
+    with pytest.raises(ValidationError) as info:
+        make(train={"steps": 10, "eval_batch": {"seq_len": 999}})
+    (err,) = info.value.errors()
+    assert err["ctx"]["error"].loc == ("train", "eval_batch", "seq_len")

@@ -41,8 +41,8 @@ def test_resources_do_not_change_ids():
 
 def test_duplicate_points_are_an_error():
     dup = {**SPEC, "grid": {**SPEC["grid"], "norm": ["layernorm", "layernorm"]}}
-    with pytest.raises(SpecError, match="same trial"):
-        expand(parse_spec(dup))
+    with pytest.raises(SpecError, match=r"grid.norm\[1\]: the same grid point as grid.norm\[0\]"):
+        parse_spec(dup)
 
 
 def test_select_by_index_and_id_prefix():
@@ -53,3 +53,31 @@ def test_select_by_index_and_id_prefix():
         select(trials, "99")
     with pytest.raises(SpecError, match="no trial"):
         select(trials, "zzzzzzzz")
+
+
+def optimizers(*entries):
+    return {**SPEC, "grid": {**SPEC["grid"], "model": [{"depth": 1}], "norm": ["layernorm"], "rotation": ["none"],
+                             "seed": [0], "optimizer": list(entries)}}
+
+
+def test_a_ladder_is_one_point_per_value():
+    trials = expand(parse_spec(optimizers({"name": "sgd", "lr": [0.1, 0.3, 1.0], "momentum": 0.9},
+                                          {"name": "adam", "lr": 1e-3, "eps": [1e-8, 1e-6]})))
+    assert [(t.optimizer.name, t.optimizer.lr, t.optimizer.momentum) for t in trials[:3]] == [
+        ("sgd", 0.1, 0.9), ("sgd", 0.3, 0.9), ("sgd", 1.0, 0.9)]
+    assert [t.optimizer.eps for t in trials[3:]] == [1e-8, 1e-6]
+    assert len({t.trial_id for t in trials}) == 5
+
+
+def test_tuple_fields_take_a_list_of_tuples_and_ladders_multiply():
+    spec = parse_spec(optimizers({"name": "adam", "lr": [1e-3, 3e-3], "betas": [[0.9, 0.95], [0.9, 0.99]]},
+                                 {"name": "rotated_adam", "lr": 1e-3, "betas": [0.8, 0.9]}))  # one pair: no ladder
+    assert [(o.lr, o.betas) for o in spec.grid.optimizer] == [
+        (1e-3, (0.9, 0.95)), (1e-3, (0.9, 0.99)), (3e-3, (0.9, 0.95)), (3e-3, (0.9, 0.99)), (1e-3, (0.8, 0.9))]
+
+
+def test_a_ladder_point_equal_to_another_entry_names_both():
+    with pytest.raises(SpecError, match=r"grid.optimizer\[1\]: the same grid point as grid.optimizer\[0\].lr\[1\]"):
+        parse_spec(optimizers({"name": "sgd", "lr": [0.1, 0.3]}, {"name": "sgd", "lr": 0.3}))
+    with pytest.raises(SpecError, match=r"grid.optimizer\[0\].lr\[2\]: the same grid point as grid.optimizer\[0\].lr\[0\]"):
+        parse_spec(optimizers({"name": "sgd", "lr": [0.1, 0.3, 0.1]}))

@@ -1,5 +1,6 @@
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sweep.spec import SpecError, load_spec
@@ -38,14 +39,14 @@ def test_good_spec(tmp_path):
 
 
 @pytest.mark.parametrize("old,new,expected", [
-    ("{name: rotated_adam, lr: 1.0e-3}", "{name: rotated_adam, lr: -1}", "grid.optimizer[2].lr: Input should be greater than 0 (line 8)"),
+    ("{name: rotated_adam, lr: 1.0e-3}", "{name: rotated_adam, lr: -1}", "grid.optimizer[2].lr: Input should be greater than 0, got -1 (line 8)"),
     ("{name: sgd, lr: 0.1}", "{name: sgdd, lr: 0.1}", "grid.optimizer[1].name:"),
-    ("train: {steps: 5}", "train: {steps: 0}", "train.steps: Input should be greater than 0 (line 2)"),
-    ("train: {steps: 5}", "train: {steps: 5, stepz: 3}", "train.stepz: unknown key"),
-    ("n_heads: 2}", "n_heads: 3}", "grid.model[0]: d_model (32) must be divisible by n_heads (3)"),
-    ("group_size: 2}", "group_size: 3}", "grid.rotation[1]: rotation.group_size (3) must be in 1..n_layers (2) (with grid.model[0]) (line 9)"),
+    ("train: {steps: 5}", "train: {steps: 0}", "train.steps: Input should be greater than 0, got 0 (line 2)"),
+    ("train: {steps: 5}", "train: {steps: 5, stepz: 3}", "train.stepz: unknown key (expected one of: steps, tokens,"),
+    ("n_heads: 2}", "n_heads: 3}", "grid.model[0].n_heads: d_model (32) must be divisible by n_heads (3) (line 4)"),
+    ("group_size: 2}", "group_size: 3}", "grid.rotation[1].group_size: rotation.group_size (3) must be in 1..n_layers (2) (with grid.model[0]) (line 9)"),
     ("rotation: [none,", "rotation: [nonee,", "grid.rotation[0]"),
-    ("name: t", "name: t\ndata: {text: /no/such/file.txt}", "data.text: /no/such/file.txt does not exist"),
+    ("name: t", "name: t\ndata: {text: /no/such/file.txt}", "data.text: no such file or folder: /no/such/file.txt (line 2)"),
     ("name: t", "name: t\nresources: {cpu: 0}", "resources.cpu"),
 ])
 def test_bad_specs_name_the_place(tmp_path, old, new, expected):
@@ -64,3 +65,55 @@ def test_yaml_syntax_error_has_a_line(tmp_path):
 def test_missing_file():
     with pytest.raises(SpecError, match="no such spec file"):
         load_spec("/no/such/spec.yaml")
+
+
+def test_ladder_errors_name_the_list_element_and_its_line(tmp_path):
+    text = GOOD.replace("- {name: sgd, lr: 0.1}", "- name: sgd\n      momentum: 0.9\n      lr: [0.1, 0.3, -1]")
+    with pytest.raises(SpecError) as info:
+        load_spec(write(tmp_path, text))
+    assert "grid.optimizer[1].lr[2]: Input should be greater than 0, got -1 (line 9)" in str(info.value)
+    text = GOOD.replace("{name: adam, lr: 1.0e-3}", "{name: adam, lr: 1.0e-3, betas: [[0.9, 0.95], [0.9, 1.5]]}")
+    with pytest.raises(SpecError, match=r"grid.optimizer\[0\].betas\[1\]: betas must lie in \[0, 1\), got \[0.9, 1.5\] \(line 6\)"):
+        load_spec(write(tmp_path, text))
+
+
+def test_duplicate_points_give_the_lines_of_both_entries(tmp_path):
+    text = GOOD.replace("- {name: sgd, lr: 0.1}", "- {name: sgd, lr: [0.1, 0.3]}\n    - {name: sgd, lr: 0.3}")
+    with pytest.raises(SpecError) as info:
+        load_spec(write(tmp_path, text))
+    assert ("grid.optimizer[2]: the same grid point as grid.optimizer[1].lr[1] (line 7), "
+            "got {name: sgd, lr: 0.3} (line 8)") in str(info.value)
+
+
+def test_duplicate_keys_are_refused_with_both_lines(tmp_path):
+    with pytest.raises(SpecError, match=r"line 3, column 1: invalid YAML: duplicate key 'train' \(first given at line 2\)"):
+        load_spec(write(tmp_path, GOOD.replace("train: {steps: 5}", "train: {steps: 5}\ntrain: {steps: 6}")))
+
+
+def test_exponents_without_a_dot_are_numbers(tmp_path):
+    spec = load_spec(write(tmp_path, GOOD.replace("lr: 1.0e-3}\n    - {name: sgd", "lr: 1e-3}\n    - {name: sgd")
+                                         .replace("train: {steps: 5}", "train: {tokens_per_param: 2e1}")))
+    assert spec.grid.optimizer[0].lr == 1e-3 and spec.train.tokens_per_param == 20.0
+
+
+def test_cross_field_errors_are_reported_at_their_own_line(tmp_path):
+    text = GOOD.replace("train: {steps: 5}", "train:\n  steps: 5\n  eval_batch:\n    seq_len: 999")
+    with pytest.raises(SpecError, match=r"train.eval_batch.seq_len: .* exceeds data.seq_len \(128\) \(line 5\)"):
+        load_spec(write(tmp_path, text))
+
+
+def test_rotate_all_is_checked_for_every_optimizer(tmp_path):
+    tokens = tmp_path / "t.bin"
+    np.random.default_rng(0).integers(0, 10_000, 50_000).astype(np.uint16).tofile(tokens)
+    text = (GOOD.replace("name: t", f"name: t\ndata: {{tokens: {tokens}, vocab_size: 10000, seq_len: 16}}")
+            .replace("{name: rotated_adam, lr: 1.0e-3}", "{name: rotated_adam, lr: 1.0e-3, rotate: all}"))
+    with pytest.raises(SpecError, match=r"grid.optimizer\[2\].rotate: .*10000 x 10000 basis.*\(line 9\)"):
+        load_spec(write(tmp_path, text))
+
+
+def test_non_utf8_is_one_line(tmp_path):
+    path = tmp_path / "spec.yaml"
+    path.write_bytes(GOOD.encode().replace(b"name: t", b"name: t\xe9"))
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    assert str(info.value).endswith("line 1: not UTF-8 text (byte 0xe9); save the spec as UTF-8")
