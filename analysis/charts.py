@@ -58,6 +58,8 @@ OPTIMIZER_COLORS = {
     "signsgd": OKABE_ITO["black"],
     "adafactor": "#8C6D1F",  # dark ochre: Okabe-Ito yellow is unreadable as a thin line
 }
+FAMILY_ORDER = ("per_coordinate", "rotation_equivariant", "fixed_random_basis", "adaptive_basis")
+"""The optimiser families (DESIGN.md), in the order their panels appear."""
 _SPARE = ["#999999", "#6A3D9A", "#B15928", "#1F78B4", "#33A02C"]
 
 METRIC_TITLES = {
@@ -97,6 +99,7 @@ WIDTH, HEIGHT = 250, 165
 PANEL_WIDTH, PANEL_HEIGHT = 125, 110  # one facet panel; two panels fill one column
 FONT = "Helvetica, Arial, 'Liberation Sans', 'DejaVu Sans', sans-serif"
 
+MAX_EVALS = 40  # evals drawn per line over training
 SizeChoice = Literal["largest", "smallest"] | int | None
 
 
@@ -235,6 +238,7 @@ def metric_over_training(
     df, size_note = _pick_size(_frame(frame), size)
     if log_x:
         df = df.filter(pl.col(x) > 0)
+    df = _thin_steps(df)
     df = _decorate(df, facet)
     reference = REFERENCES.get(metric) if reference is None else reference
     layers = _lines_with_band(
@@ -487,6 +491,21 @@ def _frame(df: pl.DataFrame | pl.LazyFrame | Any) -> pl.DataFrame:
     if isinstance(df, pl.DataFrame):
         return df
     return pl.DataFrame(df)
+
+
+def _thin_steps(df: pl.DataFrame, most: int = MAX_EVALS) -> pl.DataFrame:
+    """At most ``most`` evals per line (every k-th step, the last kept): a curve needs no
+    more, and every point is embedded in each saved chart."""
+    if "step" not in df.columns or df.height == 0:
+        return df
+    steps = sorted(df.get_column("step").unique().to_list())
+    if len(steps) <= most:
+        return df
+    k = math.ceil(len(steps) / most)
+    keep = pl.col("step").is_in(sorted(set(steps[::k]) | {steps[-1]}))
+    if "config_id" in df.columns:  # each config's own last eval (sizes train for different lengths)
+        keep = keep | (pl.col("step") == pl.col("step").max().over("config_id"))
+    return df.filter(keep)
 
 
 def _varies(df: pl.DataFrame, col: str) -> bool:
@@ -790,7 +809,11 @@ def _assemble(
     base = alt.layer(*layers, data=df).properties(width=width, height=PANEL_HEIGHT)
     kw: dict[str, Any] = {}
     if has_facet:
-        sort = _rotation_sort(df) if facet == "rotation" else "ascending"
+        sort: Any = "ascending"
+        if facet == "rotation":
+            sort = _rotation_sort(df)
+        elif facet == "optimizer_family":  # per-coordinate first, then the basis-free families
+            sort = [f"family: {f.replace('_', ' ')}" for f in FAMILY_ORDER]
         kw["column"] = alt.Column("facet:N", title=None, sort=sort)
     if has_rows:  # size labels above each row's panels, not beside the y-axis title
         header = alt.Header(labelOrient="top", labelAngle=0, labelAnchor="start", labelFontWeight="bold")

@@ -45,15 +45,15 @@ _SIZE_KEYS = ("d_model", "n_layers", "n_heads", "d_mlp", "params", "params_non_e
 
 def science_hash(config: dict[str, Any], drop: Sequence[str] = ()) -> str:
     """sha256[:12] of ``config`` (a parsed ``config_json``) without the seed, ``sweep``,
-    ``runtime`` and the dotted paths in ``drop`` (e.g. ``"optimizer.lr"``, ``"model"``)."""
-    payload = json.loads(json.dumps(config))  # a deep copy
-    for key in (*_NOT_SCIENCE, *drop):
-        node, *path = key.split(".")
-        parent: Any = payload
-        for part in path:
-            parent, node = parent.get(node, {}), part
-        if isinstance(parent, dict):
-            parent.pop(node, None)
+    ``runtime`` and the keys in ``drop`` (top-level, e.g. ``"model"``, or one level down,
+    e.g. ``"optimizer.lr"``). ``config`` is not modified."""
+    payload = {k: v for k, v in config.items() if k not in _NOT_SCIENCE}
+    for key in drop:
+        top, _, sub = key.partition(".")
+        if not sub:
+            payload.pop(top, None)
+        elif isinstance(payload.get(top), dict):
+            payload[top] = {k: v for k, v in payload[top].items() if k != sub}
     canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 

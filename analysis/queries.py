@@ -446,11 +446,12 @@ def onset(
     return out.sort([*[c for c in _SORT if c in carry], *keys], nulls_last=True)
 
 
-def runs_table(results: Source) -> pl.LazyFrame:
-    """The done runs with their ids (``analysis.identity``) and stored rotation labels."""
-    runs = results.done_runs() if isinstance(results, Results) else results.lazy()
-    if "status" in runs.collect_schema():
-        runs = runs.filter(pl.col("status") == "done")
+def runs_table(results: Source, status: str | None = "done") -> pl.LazyFrame:
+    """The runs with their ids (``analysis.identity``) and stored rotation labels: those
+    with ``status`` (every run with ``status=None``)."""
+    runs = results.runs if isinstance(results, Results) else results.lazy()
+    if status is not None and "status" in runs.collect_schema():
+        runs = runs.filter(pl.col("status") == status)
     return _prepare_runs(runs)
 
 

@@ -143,8 +143,9 @@ def write_report(
     writer = _Writer(out_dir)
     rep = ReportResult(out=out_dir, index=writer.uri("index.html"))
 
-    # ---- runs: what finished, what did not
-    runs = results.runs.collect()
+    # ---- runs: what finished, what did not (ids derived once, see analysis.identity)
+    runs = queries.runs_table(results.runs.collect(), status=None).collect()
+    results = dataclasses.replace(results, runs=runs.lazy())
     status = runs.get_column("status")
     rep.n_runs = runs.height
     rep.n_done = int((status == "done").sum())

@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_import_pulls_in_neither_torch_nor_ray() -> None:
     code = (
         "import sys, analysis, analysis.load, analysis.queries, analysis.fits, "
-        "analysis.charts, analysis.report, analysis.synthetic\n"
+        "analysis.charts, analysis.report, analysis.synthetic, analysis.identity\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'ray'))\n"
         "assert not bad, bad\n"
         "print('ok')\n"
@@ -194,5 +194,6 @@ def test_config_label_reads_the_stored_rotation_label() -> None:
 def test_package_exports() -> None:
     assert analysis.load is load
     assert callable(analysis.layer_profile) and callable(analysis.fit_power_law)
+    assert callable(analysis.best_lr) and callable(analysis.with_ids)
     with pytest.raises(AttributeError):
         analysis.nope  # noqa: B018

@@ -77,6 +77,8 @@ def test_control_excess_keeps_fits_that_offset_3_loses(tmp_path: Path) -> None:
     rep = write_report(small.path, tmp_path / "rep", formats=("svg",), fit_specs=specs, n_boot=20)
     assert rep.fits.get_column("fit").to_list() == ["kurtosis − control, residual stream (mean over blocks)"]
     assert rep.skipped.get_column("fit").to_list() == ["kurtosis − 3, residual stream (mean over blocks)"]
+    fit = rep.fits.row(0, named=True)
+    assert fit["exponent_low"] < 0.3 < fit["exponent_high"]  # the excess's own exponent
 
 
 def test_main_charts_show_best_lr_points_and_say_so(tmp_path: Path) -> None:
