@@ -498,6 +498,7 @@ def _compare(
                     "fit": spec.label, **dict(zip(strata, key, strict=True)),
                     "a": ra["config"], "b": rb["config"],
                     "exponent_a": c.fit_a.exponent, "exponent_b": c.fit_b.exponent,
+                    "n_a": c.fit_a.n_label, "n_b": c.fit_b.n_label,
                     "difference": c.difference, "difference_low": c.difference_ci[0],
                     "difference_high": c.difference_ci[1], "p_value": c.p_value, "method": c.method,
                 })  # fmt: skip
@@ -583,12 +584,12 @@ def _fits_markdown(df: pl.DataFrame, comparisons: pl.DataFrame, confidence: floa
     if comparisons.height:
         lines += ["", "# Exponent differences (b − a)", ""]
         strata = [c for c in comparisons.columns if c in ("norm", "rotation_label")]
-        head = ["Fit", *[s.removesuffix("_label") for s in strata], "a", "b", "Difference [CI]", "p"]
+        head = ["Fit", *[s.removesuffix("_label") for s in strata], "a", "b", "Difference [CI]", "p", "n (a; b)"]
         lines += ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
         for r in comparisons.iter_rows(named=True):
             cells = [r["fit"], *[_fmt(r[s]) for s in strata], r["a"], r["b"],
                      f"{r['difference']:+.3f} [{r['difference_low']:+.3f}, {r['difference_high']:+.3f}]",
-                     f"{r['p_value']:.3g}"]  # fmt: skip
+                     f"{r['p_value']:.3g}", f"{r['n_a']}; {r['n_b']}"]  # fmt: skip
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -721,7 +722,7 @@ def _index_html(
         rows = [
             [r["fit"], *[_fmt(r[s]) for s in strata], r["a"], r["b"],
              f"{r['difference']:+.3f} [{r['difference_low']:+.3f}, {r['difference_high']:+.3f}]",
-             f"{r['p_value']:.3g}", r.get("method") or ""]  # fmt: skip
+             f"{r['p_value']:.3g}", f"{r['n_a']}; {r['n_b']}", r.get("method") or ""]  # fmt: skip
             for r in c.iter_rows(named=True)
         ]
         parts.append(
@@ -729,7 +730,7 @@ def _index_html(
             "at the same norm and rotation; Welch t over per-seed exponents (or independent "
             "bootstraps with one seed), two-sided p-value.</p>"
         )
-        head = ["Fit", *[s.removesuffix("_label") for s in strata], "a", "b", "Difference [CI]", "p", "Method"]
+        head = ["Fit", *[s.removesuffix("_label") for s in strata], "a", "b", "Difference [CI]", "p", "n (a; b)", "Method"]
         parts.append(_html_table(head, rows))
 
     if rep.best_lr.height:
