@@ -298,7 +298,8 @@ def best_lr(
     - ``tie``: the runner-up lr (``runner_up_lr``) is not distinguishable: its seed mean is
       within t * sqrt(sem_best² + sem_runner_up²) of the best's (t at ``confidence`` with the
       smaller seed count - 1 dof), or equal when there is one seed.
-    - An lr at which any seed diverged is never chosen (``diverged`` counts those seeds).
+    - An lr at which any seed diverged is not chosen while another lr had none diverge
+      (``diverged`` counts the chosen lr's diverged seeds; then the flag says so).
     ``flag`` summarises them in words ("" when the choice is clean)."""
     runs = _prepare_runs(_runs_of(results))
     runs = runs.filter(pl.col("status").is_in(["done", "diverged"]))
@@ -317,7 +318,8 @@ def best_lr(
             tie=pl.lit(None, pl.Boolean), runner_up_lr=pl.lit(None, pl.Float64),
             flag=pl.lit(None, pl.String),
         )  # fmt: skip
-    eligible = table.filter(pl.col("diverged") == 0).sort("tuning_id", "mean", "lr")
+    clean = pl.col("diverged") == 0
+    eligible = table.filter(clean | ~clean.any().over("tuning_id")).sort("tuning_id", "mean", "lr")
     ranked = eligible.with_columns(rank=pl.int_range(pl.len()).over("tuning_id"))
     best = ranked.filter(pl.col("rank") == 0).drop("rank")
     second = ranked.filter(pl.col("rank") == 1).select(
@@ -345,6 +347,8 @@ def best_lr(
             words.append(f"edge: {'smallest' if edge == 'low' else 'largest'} lr tried")
         if tie:
             words.append(f"tie with lr={r['runner_up_lr']:g}")
+        if r["diverged"]:
+            words.append(f"{r['diverged']} seed(s) diverged at every lr; mean over the rest")
         rows.append({"tuning_id": r["tuning_id"], "n_lrs": len(ladder), "edge": edge,
                      "untuned": untuned, "tie": tie, "flag": "; ".join(words)})  # fmt: skip
     flags = pl.DataFrame(rows, schema={"tuning_id": pl.String, "n_lrs": pl.Int64, "edge": pl.String,

@@ -309,6 +309,7 @@ def write_report(
                 )  # fmt: skip
                 ft = fits.fits_table(fitted, [line]).join(queries.line_labels(per, line), on=line, how="left")
                 ft = ft.select(pl.lit(spec.label).alias("fit"), pl.all())
+                ft = ft.sort([c for c in ("optimizer", "norm", "rotation_label", "config") if c in ft.columns])
                 fit_tables.append(ft.filter(pl.col("exponent").is_not_null()))
                 skipped += ft.filter(pl.col("exponent").is_null()).select("fit", "config", "note").to_dicts()
                 comparison_rows += _compare(per, x, line, spec, n_boot, seed, confidence, fitted)

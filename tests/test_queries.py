@@ -289,6 +289,11 @@ def test_best_lr_flags_untuned_ties_and_skips_diverged_lrs(tmp_path: Path) -> No
                       lrs={"adam": [3e-3, 1e-2]}, best_lrs={"adam": 3e-3}, diverged=1)  # fmt: skip
     b = q.best_lr(load(low.path)).row(0, named=True)
     assert b["lr"] == 1e-2 and b["n_lrs"] == 2 and b["edge"] == "high"
+    # with one lr, a diverged seed does not drop the config: it is chosen, and flagged
+    one_div = write_store(tmp_path, name="div1", sizes=(32,), seeds=(0, 1), steps=(0, 10),
+                          optimizers=("adam",), diverged=1)  # fmt: skip
+    b = q.best_lr(load(one_div.path)).row(0, named=True)
+    assert b["n"] == 1 and b["diverged"] == 1 and "diverged" in b["flag"]
 
 
 def test_onset_is_the_first_eval_above_threshold(ladder) -> None:
