@@ -92,10 +92,10 @@ class PowerLawFit:
 
     @property
     def n_label(self) -> str:
-        """``"9 (3 sizes x 3 seeds)"``: every quoted slope shows its n."""
+        """``"9 (3 sizes × 3 seeds)"``: every quoted slope shows its n."""
         if self.n_seeds is None:
             return f"{self.n} ({self.n_x} sizes)"
-        return f"{self.n} ({self.n_x} sizes x {self.n_seeds} seeds)"
+        return f"{self.n} ({self.n_x} sizes × {self.n_seeds} seeds)"
 
     def predict(self, x: Any) -> np.ndarray:
         """``offset + coefficient * x ** exponent``."""

@@ -482,7 +482,7 @@ def line_labels(frame: pl.DataFrame | pl.LazyFrame, key: str = "tuned_line_id") 
     out = []
     for r in lines.iter_rows(named=True):
         parts = [str(r.get(c)) for c in ("optimizer", "norm", "rotation_label") if r.get(c) is not None]
-        parts += [f"{c}={r[c]:g}" if isinstance(r[c], float) else f"{c}={r[c]}" for c in varying]
+        parts += [f"{c}={r[c]:g}" if isinstance(r[c], float) else f"{c}={r[c]}" for c in varying if r[c] is not None]
         lrs = r.get("lrs") or []
         if len(lrs) == 1:
             parts.append(f"lr={lrs[0]:g}")

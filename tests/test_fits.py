@@ -299,7 +299,7 @@ def test_between_seed_interval_covers_at_its_nominal_rate(n_sizes: int) -> None:
         assert fit.exponent == pytest.approx(pooled[i])
         assert fit.exponent_ci == pytest.approx((pooled[i] - half[i], pooled[i] + half[i]))
         assert fit.interval == "between-seed t (3 seeds)" and fit.n_seeds == 3
-        assert fit.n_label == f"{3 * n_sizes} ({n_sizes} sizes x 3 seeds)"
+        assert fit.n_label == f"{3 * n_sizes} ({n_sizes} sizes × 3 seeds)"
 
 
 def test_one_seed_falls_back_to_the_ols_t_interval() -> None:
@@ -307,7 +307,7 @@ def test_one_seed_falls_back_to_the_ols_t_interval() -> None:
     fit = fit_power_law(x, y[0], offset=3.0, seeds=seeds, n_boot=50)
     assert fit.interval == "OLS t (one seed)"
     assert fit.exponent_ci == fit.exponent_ci_t
-    assert fit.n_label == "4 (4 sizes x 1 seeds)"
+    assert fit.n_label == "4 (4 sizes × 1 seeds)"
     assert fit_power_law(x, y[0], offset=3.0, n_boot=50).interval == "bootstrap over points"
 
 

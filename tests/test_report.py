@@ -106,7 +106,7 @@ def test_report_never_pools_configs_that_differ_in_one_hyper_parameter(twins, tm
     assert raw.height == 4  # momentum 0.9 / 0.5, groups [[0,1],[2,3]] / [[0,2],[1,3]]
     assert set(raw.get_column("n").to_list()) == {4}  # 2 sizes x 2 seeds each
     configs = " | ".join(raw.get_column("config"))
-    assert "momentum=0.5" in configs and "momentum=0.9" in configs
+    assert "momentum=0.5" in configs and "momentum=0.9" in configs and "None" not in configs
     assert "groups[[0,1],[2,3]]" in configs and "groups[[0,2],[1,3]]" in configs
     assert "4 (2 sizes × 2 seeds)" in (tmp_path / "rep" / "fits.md").read_text()
 
