@@ -575,7 +575,10 @@ def _decorate(df: pl.DataFrame, facet: str | None) -> pl.DataFrame:
             df = df.with_columns(group_size=pl.lit(None, pl.Int64))
         df = df.with_columns(rotation_label())
     candidates = [c for c in _VARIANT_AXES if c != _facet_col(facet)]
-    varying = [c for c in candidates if _varies_within(df, c, ["optimizer", _facet_col(facet)])]
+    # within one optimiser, panel and model size: a best-lr view whose lr changes from size
+    # to size draws one line, not one per lr
+    within = ["optimizer", _facet_col(facet), None if "fit" in df.columns else _size_col(df)]
+    varying = [c for c in candidates if _varies_within(df, c, within)]
     df = df.with_columns(variant_axes=pl.lit(",".join(varying)))
     if varying:
         df = df.with_columns(

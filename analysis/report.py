@@ -318,7 +318,7 @@ def write_report(
             curves = None
             if fitted:
                 curves = fits.fit_curves(fitted, [line], x=x).join(
-                    per.group_by(line).agg(pl.col(c).first() for c in queries.carried(per.columns, [line, x])),
+                    per.group_by(line).agg(pl.col(c).first() for c in queries.carried(per.columns, [line, x, "lr"])),
                     on=line, how="left",
                 )  # fmt: skip
             if spec.site is None:
