@@ -598,7 +598,7 @@ def _fits_markdown(df: pl.DataFrame, comparisons: pl.DataFrame, confidence: floa
 def _latex_escape(s: str) -> str:
     for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"),
                  ("#", r"\#"), ("$", r"\$"), ("{", r"\{"), ("}", r"\}"), ("·", r"$\cdot$"),
-                 ("−", "$-$"), ("—", "---"), ("²", "$^2$"), ("≤", r"$\le$"), ("~", r"\textasciitilde{}")):  # fmt: skip
+                 ("−", "$-$"), ("—", "---"), ("²", "$^2$"), ("≤", r"$\le$"), ("×", r"$\times$"), ("~", r"\textasciitilde{}")):  # fmt: skip
         s = s.replace(a, b) if a != "\\" else s.replace(a, "\x00")
     return s.replace("\x00", r"\textbackslash{}")
 

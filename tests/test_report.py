@@ -120,6 +120,7 @@ def test_markdown_latex_and_index(report) -> None:
     tex = (out / "fits.tex").read_text()
     assert r"\begin{tabular}" in tex and r"\bottomrule" in tex
     assert "final\\_val\\_loss" in tex and "kurtosis_" not in tex  # escaped
+    assert "×" not in tex and r"$\times$" in tex
     index = (out / "index.html").read_text()
     assert index.count("<svg") == len(CHARTS)  # charts inlined: the page stands alone
     assert "Power-law fits" in index and "<table>" in index
