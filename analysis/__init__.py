@@ -20,13 +20,19 @@ from analysis.load import NoSweepError, Results, config_label, load
 _EXPORTS = {
     "queries": [
         "basis_comparison",
+        "best_lr",
+        "best_lr_results",
         "layer_profile",
         "loss_table",
         "metric_over_training",
+        "onset",
         "per_trial",
+        "quant_penalty",
         "scale_table",
         "sql",
+        "versus",
     ],
+    "identity": ["with_ids"],
     "fits": [
         "ExponentComparison",
         "PowerLawFit",
@@ -45,6 +51,6 @@ __all__ = sorted([*_WHERE, "NoSweepError", "Results", "config_label", "load"])
 def __getattr__(name: str) -> Any:
     if name in _WHERE:
         return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
-    if name in ("charts", "fits", "queries", "report"):
+    if name in ("charts", "fits", "identity", "queries", "report"):
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

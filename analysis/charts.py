@@ -25,11 +25,14 @@ __all__ = [
     "basis_comparison",
     "format_count",
     "kurtosis_by_layer",
+    "kurtosis_vs_loss",
     "loss_vs_params",
     "metric_over_training",
     "metric_title",
+    "metric_vs_metric",
     "metric_vs_params",
     "optimizer_scale",
+    "quant_penalty",
     "paper_theme",
     "register_theme",
 ]
@@ -55,6 +58,8 @@ OPTIMIZER_COLORS = {
     "signsgd": OKABE_ITO["black"],
     "adafactor": "#8C6D1F",  # dark ochre: Okabe-Ito yellow is unreadable as a thin line
 }
+FAMILY_ORDER = ("per_coordinate", "rotation_equivariant", "fixed_random_basis", "adaptive_basis")
+"""The optimiser families (DESIGN.md), in the order their panels appear."""
 _SPARE = ["#999999", "#6A3D9A", "#B15928", "#1F78B4", "#33A02C"]
 
 METRIC_TITLES = {
@@ -67,6 +72,7 @@ METRIC_TITLES = {
     "dettmers_outliers": "Outlier features (Dettmers)",
     "final_val_loss": "Validation loss (nats/token)",
     "final_train_loss": "Training loss (nats/token)",
+    "quant_loss_delta": "Quantisation penalty (Δ val loss, nats/token)",
 }
 REFERENCES = {"kurtosis": 3.0, "neuron_kurtosis": 1.0}
 AXIS_TITLES = {
@@ -93,6 +99,7 @@ WIDTH, HEIGHT = 250, 165
 PANEL_WIDTH, PANEL_HEIGHT = 125, 110  # one facet panel; two panels fill one column
 FONT = "Helvetica, Arial, 'Liberation Sans', 'DejaVu Sans', sans-serif"
 
+MAX_EVALS = 40  # evals drawn per line over training
 SizeChoice = Literal["largest", "smallest"] | int | None
 
 
@@ -220,19 +227,56 @@ def metric_over_training(
     log_x: bool = False,
     log_y: bool | None = None,
     title: str | None = None,
+    threshold: float | None = None,
+    onsets: pl.DataFrame | pl.LazyFrame | None = None,
     configure: bool = True,
 ) -> alt.TopLevelMixin:
     """Metric over training (from ``queries.metric_over_training``), tokens on x: one line
-    per config with its CI band and the Gaussian reference rule."""
+    per config with its CI band and the Gaussian reference rule. ``size=None`` gives one
+    row of panels per model size. ``threshold`` draws a dotted rule there; ``onsets`` (from
+    ``queries.onset``) marks each config's mean onset on it, with its seed interval."""
     df, size_note = _pick_size(_frame(frame), size)
     if log_x:
         df = df.filter(pl.col(x) > 0)
+    df = _thin_steps(df)
     df = _decorate(df, facet)
     reference = REFERENCES.get(metric) if reference is None else reference
     layers = _lines_with_band(
         df, x, metric_title(metric), AXIS_TITLES.get(x, x), log_y, reference, log_x=log_x
     )
-    chart = _assemble(layers, df, facet, rows="size" if size is None else None, keep=[x])
+    if threshold is not None:
+        layers.append(
+            alt.Chart().mark_rule(color="#222222", strokeDash=[1, 2], strokeWidth=1)
+            .encode(y=alt.datum(threshold))
+        )  # fmt: skip
+    if onsets is not None and threshold is not None:
+        on, _ = _pick_size(_frame(onsets), size)
+        on = _decorate(on.filter(pl.col("mean").is_not_null()), facet)
+        if on.height:
+            on = on.with_columns(
+                kind=pl.lit("onset"), onset_y=pl.lit(threshold), onset=pl.col("mean"),
+                onset_low=pl.col("ci_low"), onset_high=pl.col("ci_high"),
+            ).drop("mean", "ci_low", "ci_high")  # fmt: skip
+            df = pl.concat([df.with_columns(kind=pl.lit("curve")), on], how="diagonal_relaxed")
+            layers = [lay.transform_filter(alt.datum.kind == "curve") for lay in layers[:2]] + layers[2:]
+            color = alt.Color("optimizer:N", scale=optimizer_scale(df.get_column("optimizer").to_list()))
+            onset_x = alt.X("onset:Q", scale=alt.Scale(type="log") if log_x else alt.Undefined)
+            layers += [
+                alt.Chart().mark_rule(strokeWidth=2.5, opacity=0.8)
+                .encode(x=onset_x, x2="onset_high:Q", y="onset_y:Q", color=color)
+                .transform_filter(alt.datum.kind == "onset"),
+                alt.Chart().mark_rule(strokeWidth=2.5, opacity=0.8)
+                .encode(x=alt.X("onset_low:Q"), x2="onset:Q", y="onset_y:Q", color=color)
+                .transform_filter(alt.datum.kind == "onset"),
+                alt.Chart().mark_point(shape="diamond", size=60, filled=True, opacity=1)
+                .encode(x=onset_x, y="onset_y:Q", color=color,
+                        tooltip=_tooltip(on, ["optimizer", "variant", "onset", "onset_low", "onset_high", "n", "n_never"]))
+                .transform_filter(alt.datum.kind == "onset"),
+            ]  # fmt: skip
+    chart = _assemble(
+        layers, df, facet, rows="size" if size is None else None,
+        keep=[x, "kind", "onset", "onset_low", "onset_high", "onset_y", "n_never"],
+    )  # fmt: skip
     chart = chart.properties(title=_title(title, size_note))
     return apply_theme(chart) if configure else chart
 
@@ -247,15 +291,20 @@ def metric_vs_params(
     reference: float | None = None,
     log_y: bool | None = None,
     title: str | None = None,
+    y_title: str | None = None,
+    connect: bool = False,
     configure: bool = True,
 ) -> alt.TopLevelMixin:
     """Metric against model size (from ``queries.scale_table``) on a log x axis: seed means
     with CI error bars, and fitted power laws with bootstrap bands (``curves`` from
-    ``fits.fit_curves`` with the same config columns and x column), faceted by ``facet``."""
+    ``fits.fit_curves`` with the same config columns and x column), faceted by ``facet``
+    (e.g. ``"optimizer_family"``). ``connect`` joins each config's seed means across sizes
+    with a line (one line per optimiser and variant)."""
     reference = REFERENCES.get(metric) if reference is None else reference
     chart = _scaling(
-        _frame(table), curves, x, metric_title(metric), facet, log_y, reference
-    )
+        _frame(table), curves, x, y_title or metric_title(metric), facet, log_y, reference,
+        connect=connect,
+    )  # fmt: skip
     chart = chart.properties(title=_title(title, None))
     return apply_theme(chart) if configure else chart
 
@@ -363,6 +412,66 @@ def basis_comparison(
     return apply_theme(chart) if configure else chart
 
 
+def metric_vs_metric(
+    table: pl.DataFrame | pl.LazyFrame,
+    *,
+    x_title: str,
+    y_title: str,
+    facet: str | None = None,
+    log_x: bool = False,
+    log_y: bool | None = None,
+    reference: float | None = None,
+    x_reference: float | None = None,
+    connect: bool = True,
+    title: str | None = None,
+    configure: bool = True,
+) -> alt.TopLevelMixin:
+    """One seed-aggregated measure against another, per config (from ``queries.versus``:
+    ``x``/``x_low``/``x_high`` against ``mean``/``ci_low``/``ci_high``): a point per config
+    with both t-intervals as error bars, colour = optimiser, marker size = model size;
+    ``connect`` joins each optimiser's (and variant's) points in order of size."""
+    df = _decorate(_frame(table), facet)
+    size_col = _size_col(df)
+    df = df.with_columns(kind=pl.lit("point"))
+    if size_col:
+        df = df.with_columns(
+            size=pl.col(size_col).map_elements(lambda v: format_count(v), return_dtype=pl.String),
+            _order=pl.col(size_col).cast(pl.Float64),
+        )
+    layers = _xy_layers(df, x_title, y_title, log_x, log_y, reference, x_reference, connect, size_col)
+    chart = _assemble(layers, df, facet, keep=["x", "x_low", "x_high", "_order", "x_n"])
+    chart = chart.properties(title=_title(title, None))
+    return apply_theme(chart) if configure else chart
+
+
+def kurtosis_vs_loss(
+    table: pl.DataFrame | pl.LazyFrame, *, facet: str | None = None, **kw: Any
+) -> alt.TopLevelMixin:
+    """The matched-loss view: residual kurtosis (y) against final validation loss (x) per
+    config (``queries.versus(loss_table, scale_table)``); configs at the same loss compare
+    optimisers at matched quality, not matched steps."""
+    kw.setdefault("title", "Kurtosis at matched loss")
+    return metric_vs_metric(
+        table, x_title=METRIC_TITLES["final_val_loss"], y_title=metric_title("kurtosis"),
+        facet=facet, reference=REFERENCES["kurtosis"], **kw,
+    )  # fmt: skip
+
+
+def quant_penalty(
+    table: pl.DataFrame | pl.LazyFrame, *, facet: str | None = None, **kw: Any
+) -> alt.TopLevelMixin:
+    """What outliers cost: the quantisation penalty (y, from ``queries.quant_penalty``)
+    against residual kurtosis (x), per config, coloured by optimiser."""
+    df = _frame(table)
+    quant = df.get_column("quant").first() if "quant" in df.columns and df.height else "w8a8"
+    kw.setdefault("title", f"{str(quant).upper()} quantisation penalty")
+    return metric_vs_metric(
+        df, x_title=metric_title("kurtosis"),
+        y_title=f"{str(quant).upper()} penalty (Δ val loss, nats/token)",
+        facet=facet, x_reference=REFERENCES["kurtosis"], **kw,
+    )  # fmt: skip
+
+
 # ---------------------------------------------------------------- internals
 
 _SERIES_ORDER = [
@@ -382,6 +491,21 @@ def _frame(df: pl.DataFrame | pl.LazyFrame | Any) -> pl.DataFrame:
     if isinstance(df, pl.DataFrame):
         return df
     return pl.DataFrame(df)
+
+
+def _thin_steps(df: pl.DataFrame, most: int = MAX_EVALS) -> pl.DataFrame:
+    """At most ``most`` evals per line (every k-th step, the last kept): a curve needs no
+    more, and every point is embedded in each saved chart."""
+    if "step" not in df.columns or df.height == 0:
+        return df
+    steps = sorted(df.get_column("step").unique().to_list())
+    if len(steps) <= most:
+        return df
+    k = math.ceil(len(steps) / most)
+    keep = pl.col("step").is_in(sorted(set(steps[::k]) | {steps[-1]}))
+    if "config_id" in df.columns:  # each config's own last eval (sizes train for different lengths)
+        keep = keep | (pl.col("step") == pl.col("step").max().over("config_id"))
+    return df.filter(keep)
 
 
 def _varies(df: pl.DataFrame, col: str) -> bool:
@@ -439,33 +563,49 @@ def _pick_size(df: pl.DataFrame, size: SizeChoice) -> tuple[pl.DataFrame, str | 
 
 
 def _decorate(df: pl.DataFrame, facet: str | None) -> pl.DataFrame:
-    """Add label columns: ``rotation_label`` (partial(k)), ``variant`` (the config axes
-    that vary and are neither colour nor facet), ``facet``."""
+    """Add label columns: ``variant`` (the config axes that vary within an optimiser and
+    are neither colour nor facet: norm, rotation, lr, any other hyper-parameter), ``facet``.
+    The rotation reads the stored ``rotation_label``."""
     if "rotation" in df.columns:
-        gs = pl.col("group_size") if "group_size" in df.columns else pl.lit(None, pl.Int64)
-        df = df.with_columns(
-            rotation_label=pl.when((pl.col("rotation") == "partial") & gs.is_not_null())
-            .then(pl.format("partial({})", gs))
-            .otherwise(pl.col("rotation"))
-        )
-    candidates = [c for c in ("norm", "rotation_label", "lr") if c != _facet_col(facet)]
-    varying = [c for c in candidates if _varies_within(df, c, ["optimizer", _facet_col(facet)])]
+        from analysis.load import rotation_label
+
+        if "rotation_label" not in df.columns:
+            df = df.with_columns(rotation_label=pl.lit(None, pl.String))
+        if "group_size" not in df.columns:
+            df = df.with_columns(group_size=pl.lit(None, pl.Int64))
+        df = df.with_columns(rotation_label())
+    candidates = [c for c in _VARIANT_AXES if c != _facet_col(facet)]
+    # within one optimiser, panel and model size: a best-lr view whose lr changes from size
+    # to size draws one line, not one per lr
+    within = ["optimizer", _facet_col(facet), None if "fit" in df.columns else _size_col(df)]
+    varying = [c for c in candidates if _varies_within(df, c, within)]
     df = df.with_columns(variant_axes=pl.lit(",".join(varying)))
     if varying:
         df = df.with_columns(
             variant=pl.concat_str(
-                [pl.col(c).cast(pl.String).fill_null("?") for c in varying], separator=" · "
+                [_axis_value(c) for c in varying], separator=" · "
             )
         )
     else:
         df = df.with_columns(variant=pl.lit(""))
     fc = _facet_col(facet)
     if fc and fc in df.columns:
-        name = "rotation" if fc == "rotation_label" else fc
-        df = df.with_columns(facet=pl.format(f"{name}: {{}}", pl.col(fc).cast(pl.String)))
+        name = {"rotation_label": "rotation", "optimizer_family": "family"}.get(fc, fc)
+        value = pl.col(fc).cast(pl.String)
+        if fc == "optimizer_family":
+            value = value.str.replace_all("_", " ")
+        df = df.with_columns(facet=pl.format(f"{name}: {{}}", value))
     if "optimizer" not in df.columns:
         df = df.with_columns(optimizer=pl.lit("all"))
     return df
+
+
+def _axis_value(col: str) -> pl.Expr:
+    """A variant axis's value as text: numbers compact (0.003 -> 3e-03 stays short)."""
+    e = pl.col(col)
+    if col in ("lr", "eps", "weight_decay", "momentum", "beta1", "beta2"):
+        e = e.map_elements(lambda v: f"{v:g}", return_dtype=pl.String)
+    return e.cast(pl.String).fill_null("–")
 
 
 def _facet_col(facet: str | None) -> str | None:
@@ -575,6 +715,64 @@ def _log_axis(values: Sequence[float | None], max_ticks: int = 6) -> alt.Axis:
     return alt.Axis(values=ticks, format="~s", labelExpr=_SI_LABEL, grid=True)
 
 
+def _xy_layers(
+    df: pl.DataFrame,
+    x_title: str,
+    y_title: str,
+    log_x: bool,
+    log_y: bool | None,
+    reference: float | None,
+    x_reference: float | None,
+    connect: bool,
+    size_col: str | None,
+) -> list[alt.Chart]:
+    """Point + two-way error bars (+ connecting line) layers for ``metric_vs_metric``."""
+    y_scale = _y_scale(df, log_y, reference)
+    xs = [v for c in ("x", "x_low", "x_high") if c in df.columns for v in df.get_column(c).to_list()
+          if v is not None and math.isfinite(v)]  # fmt: skip
+    if x_reference is not None:
+        xs.append(x_reference)
+    x_scale = alt.Scale(type="log" if log_x else "linear", zero=False, nice=False, padding=10)
+    x_enc = alt.X("x:Q", title=x_title, scale=x_scale)
+    color = alt.Color(
+        "optimizer:N", scale=optimizer_scale(df.get_column("optimizer").to_list()),
+        title="Optimizer", legend=_COLOR_LEGEND,
+    )  # fmt: skip
+    extra: dict[str, Any] = {}
+    if _varies(df, "variant"):
+        extra["shape"] = alt.Shape("variant:N", title=_variant_title(df), sort=_variant_order(df))
+    if size_col and _varies(df, "size"):
+        order = df.select("size", "_order").unique().sort("_order").get_column("size").to_list()
+        extra["size"] = alt.Size(
+            "size:N", sort=order, title="Model size",
+            scale=alt.Scale(domain=order, range=[18 + 90 * i / max(1, len(order) - 1) for i in range(len(order))]),
+        )  # fmt: skip
+    tip = _tooltip(df, ["optimizer", "variant", "size", "x", "x_low", "x_high", "mean", "ci_low", "ci_high", "n"])
+    layers: list[alt.Chart] = []
+    if connect:
+        layers.append(
+            alt.Chart().mark_line(strokeWidth=1, opacity=0.6)
+            .encode(x=x_enc, y=alt.Y("mean:Q", scale=y_scale), color=color, detail="variant:N",
+                    order=alt.Order("_order:Q") if size_col else alt.Undefined)
+        )  # fmt: skip
+    layers += [
+        alt.Chart().mark_rule(strokeWidth=1).encode(
+            x=x_enc, y=alt.Y("ci_low:Q", scale=y_scale), y2="ci_high:Q", color=color),
+        alt.Chart().mark_rule(strokeWidth=1).encode(
+            x=alt.X("x_low:Q", scale=x_scale), x2="x_high:Q", y=alt.Y("mean:Q", scale=y_scale), color=color),
+        alt.Chart().mark_point(filled=True, opacity=1).encode(
+            x=x_enc, y=alt.Y("mean:Q", title=y_title, scale=y_scale), color=color, tooltip=tip, **extra),
+    ]  # fmt: skip
+    if reference is not None:
+        layers.append(_reference_rule(reference))
+    if x_reference is not None:
+        layers.append(
+            alt.Chart().mark_rule(color="#555555", strokeDash=[3, 3], strokeWidth=1)
+            .encode(x=alt.datum(x_reference))
+        )  # fmt: skip
+    return layers
+
+
 def _reference_rule(reference: float) -> alt.Chart:
     return (
         alt.Chart()
@@ -584,7 +782,7 @@ def _reference_rule(reference: float) -> alt.Chart:
 
 
 _CHART_COLUMNS = (
-    "layer", "step", "tokens", "x_plot", "params", "params_non_embedding", "d_model",
+    "layer", "step", "tokens", "x_plot", "x", "x_low", "x_high", "params", "params_non_embedding", "d_model",
     "mean", "ci_low", "ci_high", "n", "fit", "fit_low", "fit_high", "kind",
     "optimizer", "variant", "facet", "size", "series", "row", "column",
 )  # fmt: skip
@@ -614,11 +812,19 @@ def _assemble(
     base = alt.layer(*layers, data=df).properties(width=width, height=PANEL_HEIGHT)
     kw: dict[str, Any] = {}
     if has_facet:
-        sort = _rotation_sort(df) if facet == "rotation" else "ascending"
+        sort: Any = "ascending"
+        if facet == "rotation":
+            sort = _rotation_sort(df)
+        elif facet == "optimizer_family":  # per-coordinate first, then the basis-free families
+            sort = [f"family: {f.replace('_', ' ')}" for f in FAMILY_ORDER]
         kw["column"] = alt.Column("facet:N", title=None, sort=sort)
-    if has_rows:
-        kw["row"] = alt.Row(f"{rows}:N", title=None, sort=_size_sort(df))
-    return base.facet(**kw)
+    if has_rows:  # size labels above each row's panels, not beside the y-axis title
+        header = alt.Header(labelOrient="top", labelAngle=0, labelAnchor="start", labelFontWeight="bold")
+        kw["row"] = alt.Row(f"{rows}:N", title=None, sort=_size_sort(df), header=header)
+    chart = base.facet(**kw)
+    if has_rows and any(k in keep for k in ("tokens", "step")):
+        chart = chart.resolve_scale(x="independent")  # each size trains for its own length
+    return chart
 
 
 def _max_ticks(df: pl.DataFrame) -> int:
@@ -658,8 +864,16 @@ def _variant_order(df: pl.DataFrame) -> list[str]:
     ))  # fmt: skip
 
 
+_VARIANT_AXES = (
+    "norm", "rotation_label", "lr", "momentum", "nesterov", "weight_decay", "eps", "beta1",
+    "beta2", "rotate",
+)  # fmt: skip
+
+
 def _variant_title(df: pl.DataFrame) -> str:
-    names = {"norm": "Norm", "rotation_label": "Rotation", "lr": "LR"}
+    names = {"norm": "Norm", "rotation_label": "Rotation", "lr": "LR", "momentum": "Momentum",
+             "nesterov": "Nesterov", "weight_decay": "Weight decay", "eps": "Adam ε",
+             "beta1": "β1", "beta2": "β2", "rotate": "Rotate"}  # fmt: skip
     return " · ".join(names[c] for c in df.get_column("variant_axes").first().split(",") if c) or "Config"
 
 
@@ -706,6 +920,8 @@ def _scaling(
     facet: str | None,
     log_y: bool | None,
     reference: float | None,
+    *,
+    connect: bool = False,
 ) -> alt.TopLevelMixin:
     points = _dodge(_decorate(table, facet), x).with_columns(kind=pl.lit("point"))
     frames = [points]
@@ -771,6 +987,13 @@ def _scaling(
             )
             .transform_filter(is_curve),
         ]
+    if connect:
+        layers.append(
+            alt.Chart().mark_line(strokeWidth=1.4)
+            .encode(x=x_enc, y=alt.Y("mean:Q", scale=y_scale), color=color, detail="variant:N",
+                    order=alt.Order("x_plot:Q"), **dash)
+            .transform_filter(is_point)
+        )  # fmt: skip
     layers += [
         alt.Chart()
         .mark_rule(strokeWidth=1.2)

@@ -31,8 +31,9 @@ from analysis.schema import (  # re-exported: the contract lives in schema.py
 
 __all__ = [
     "CHECKS_SCHEMA",
-    "CONFIG_COLUMNS",
+    "CONFIG_ID",
     "CURVES_SCHEMA",
+    "LABEL_COLUMNS",
     "METRICS_SCHEMA",
     "RUNS_SCHEMA",
     "SIZE_COLUMNS",
@@ -41,12 +42,22 @@ __all__ = [
     "Results",
     "config_label",
     "load",
+    "rotation_label",
 ]
 
-# A "config" is a grid point without its seed; seeds are replicates of it. lr is part of the
-# config so that a learning-rate sweep is never averaged as if it were replicates.
-CONFIG_COLUMNS = ("optimizer", "norm", "rotation", "group_size", "lr")
+# A config is a trial's science config without its seed: the runs column ``config_id`` (a hash
+# written by the study, see analysis.identity). Seeds are its replicates; every seed aggregate
+# groups by it, never by a hand-picked list of columns, so two configs that differ in any
+# hyper-parameter (momentum, eps, rotation groups, ...) are never averaged together.
+CONFIG_ID = "config_id"
 SIZE_COLUMNS = ("d_model", "n_layers", "n_heads", "d_mlp", "params", "params_non_embedding")
+LABEL_COLUMNS = (
+    "optimizer", "optimizer_family", "lr", "momentum", "nesterov", "weight_decay", "eps",
+    "beta1", "beta2", "rotate", "norm", "rotation", "group_size", "rotation_groups",
+    "rotation_label",
+)  # fmt: skip
+"""Run columns that are functions of ``config_id``: carried along aggregates as labels (the
+first value per config), never grouped by."""
 
 _CAST = pl.ScanCastOptions(
     integer_cast="upcast", float_cast="upcast", categorical_to_string="allow"
@@ -108,26 +119,31 @@ def load(path: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | N
     return Results(path=prefix + sweep, files=files, **tables)
 
 
+def rotation_label() -> pl.Expr:
+    """The stored ``rotation_label`` (``none``, ``partial(2)``, ``groups[[0,1],[2]]``, ...);
+    for rows written before that column existed, ``rotation`` with ``(k)`` for a partial
+    plan's group size. The one place a label is derived."""
+    gs = pl.col("group_size")
+    derived = (
+        pl.when((pl.col("rotation") == "partial") & gs.is_not_null())
+        .then(pl.format("partial({})", gs))
+        .otherwise(pl.col("rotation"))
+    )
+    return pl.coalesce(pl.col("rotation_label"), derived).alias("rotation_label")
+
+
 def config_label(
     parts: Sequence[str] = ("optimizer", "norm", "rotation"), *, sep: str = " · "
 ) -> pl.Expr:
     """A readable label for a config, as an expression over run columns.
 
-    ``rotation`` reads ``partial(k)`` when ``group_size`` is set, e.g.
+    ``rotation`` reads the stored ``rotation_label`` (see ``rotation_label``), e.g.
     ``"adam · layernorm · shared"`` or ``"sgd · rmsnorm_scalar · partial(2)"``.
-    Nulls read ``?``. Use it with ``.with_columns(label=config_label())``.
-    """
+    Nulls read ``?``. Use it with ``.with_columns(label=config_label())``."""
     exprs = []
     for p in parts:
-        e = pl.col(p).cast(pl.String)
-        if p == "rotation":
-            gs = pl.col("group_size")
-            e = (
-                pl.when((pl.col("rotation") == "partial") & gs.is_not_null())
-                .then(pl.format("partial({})", gs))
-                .otherwise(e)
-            )
-        exprs.append(e.fill_null("?"))
+        e = rotation_label() if p == "rotation" else pl.col(p)
+        exprs.append(e.cast(pl.String).fill_null("?"))
     return pl.concat_str(exprs, separator=sep).alias("config")
 
 

@@ -7,19 +7,27 @@ For tests, the report benchmark, and trying ``write_report`` without training an
 
 The residual-stream kurtosis of optimiser ``o`` at its final step, in block l of L, is
 
-    3 + amplitude * (P / P_min) ** exponents[o] * w_l * exp(noise * z_trial + layer_noise * z)
+    3d/(d+2) + amplitude * (P / P_min) ** exponents[o] * w_l * exp(noise * z_trial + layer_noise * z)
 
 with P = params_non_embedding, w_l = l / L (w_0 = 0.05 for the embeddings), z standard normal;
-an exponent of ``None`` means no excess (kurtosis 3 + tiny noise, like SGD in the paper).
-Averaged over blocks 1..L the excess is ``amplitude * mean(w) * (P/P_min)**exponent`` times
-log-normal noise, so a power-law fit with offset 3 should recover ``exponent``.
-Rotated models move the excess out of the stored basis into the computation basis (the
-paper's finding); the random-basis control always reads about 3. Other metrics are simple
-functions of the excess. Everything is vectorised so ~10M metric rows take seconds.
+3d/(d+2) is what a vector without a privileged basis reads at width d (below 3 at small d),
+and the random-basis control reads it too. An exponent of ``None`` means no excess (like SGD
+in the paper). Averaged over blocks 1..L the excess over the control is
+``amplitude * mean(w) * (P/P_min)**exponent`` times log-normal noise, so a power-law fit of
+stored minus control kurtosis recovers ``exponent``. The excess grows linearly over training
+(zero at step 0). Rotated models move the excess out of the stored basis into the
+computation basis (the paper's finding). Other metrics are simple functions of the excess.
+
+``lrs`` gives an optimiser an lr ladder: one trial per lr, the final val loss rising as
+``lr_penalty * log(lr / best)**2`` away from the optimiser's best lr (``best_lrs``).
+The quantisation penalty (metric ``quant_loss_delta``, site ``model``, layer -1, bases
+``w8a8`` / ``w4a4``, final step) is ``0.01 * (1 + excess)`` (x 8 for w4a4), log-normal noise.
+Everything is vectorised so ~10M metric rows take seconds.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -28,9 +36,18 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from analysis.identity import science_hash
 from analysis.load import CHECKS_SCHEMA, CURVES_SCHEMA, METRICS_SCHEMA, RUNS_SCHEMA
 
-__all__ = ["SITE_METRICS", "SyntheticStore", "write_store"]
+__all__ = ["FAMILIES", "SITE_METRICS", "SyntheticStore", "write_store"]
+
+FAMILIES = {
+    "adam": "per_coordinate", "adafactor": "per_coordinate", "lion": "per_coordinate",
+    "signsgd": "per_coordinate", "sgd": "rotation_equivariant", "muon": "rotation_equivariant",
+    "rotated_adam": "fixed_random_basis", "soap": "adaptive_basis",
+}  # fmt: skip
+"""The family each synthetic optimiser's runs row carries (DESIGN.md "Optimiser families")."""
+_DEFAULT_LR = {"adam": 3e-3, "rotated_adam": 3e-3, "sgd": 0.3}
 
 SITE_METRICS = (
     "kurtosis",
@@ -85,6 +102,10 @@ def write_store(
     noise: float = 0.1,
     layer_noise: float = 0.02,
     metrics: Sequence[str] = SITE_METRICS,
+    lrs: Mapping[str, Sequence[float]] | None = None,
+    best_lrs: Mapping[str, float] | None = None,
+    lr_penalty: float = 0.05,
+    quant: bool = True,
     failed: int = 0,
     diverged: int = 0,
     curves: bool = True,
@@ -94,8 +115,8 @@ def write_store(
 ) -> SyntheticStore:
     """Write ``<root>/<name>/{runs,metrics,curves,checks}/part-*.parquet``.
 
-    One trial per size x optimizer x norm x rotation x seed. ``rotations`` entries are
-    names or ``("partial", k)``. ``n_layers`` is one depth or one per size. The first
+    One trial per size x optimizer (x lr, see ``lrs``) x norm x rotation x seed.
+    ``rotations`` entries are names, ``("partial", k)`` or ``("groups", [[0, 1], [2, 3]])``. ``n_layers`` is one depth or one per size. The first
     ``failed`` trials are marked failed (null results, an error, a few metric rows that
     must be ignored), the next ``diverged`` diverged."""
     rng = np.random.default_rng(seed)
@@ -109,17 +130,37 @@ def write_store(
     # ---- runs
     rows = []
     p_min = min(_params(d, L, vocab, seq_len)[1] for d, L in zip(sizes, depths, strict=True))
-    for (d, L), opt, norm, rot, s in (
-        (dl, o, n, r, s)
+    ladders = {o: list((lrs or {}).get(o) or [_DEFAULT_LR.get(o, 3e-3)]) for o in optimizers}
+    best = {o: (best_lrs or {}).get(o, _DEFAULT_LR.get(o, 3e-3)) for o in optimizers}
+    for (d, L), opt, lr, norm, rot, s in (
+        (dl, o, lr, n, r, s)
         for dl in zip(sizes, depths, strict=True)
         for o in optimizers
+        for lr in ladders[o]
         for n in norms
         for r in rotations
         for s in seeds
     ):
         rot_name, gs = (rot, None) if isinstance(rot, str) else rot
+        groups = gs if rot_name == "groups" else None
+        gs = None if rot_name == "groups" else gs
+        label = (
+            f"partial({gs})" if gs is not None
+            else "groups" + json.dumps(groups, separators=(",", ":")) if groups is not None
+            else rot_name
+        )  # fmt: skip
         params, non_emb = _params(d, L, vocab, seq_len)
         tokens = 20 * non_emb
+        config = {
+            "model": {"d_model": d, "n_layers": L, "n_heads": max(1, d // 16), "d_mlp": 4 * d},
+            "norm": norm,
+            "rotation": {"mode": rot_name, "group_size": gs, "groups": groups},
+            "optimizer": {"name": opt, "lr": lr},
+            "data": {"corpus": "stdlib", "seq_len": seq_len},
+            "train": {"tokens_per_param": 20, "batch_size": batch},
+            "seed": s,
+            "sweep": name,
+        }
         rows.append(
             {
                 "trial_id": f"t{len(rows):05d}",
@@ -133,10 +174,14 @@ def write_store(
                 "params_non_embedding": non_emb,
                 "flops_per_token": 6.0 * non_emb,
                 "optimizer": opt,
-                "lr": 3e-3 if "adam" in opt else 0.3,
+                "optimizer_family": FAMILIES.get(opt),
+                "lr": lr,
                 "norm": norm,
                 "rotation": rot_name,
                 "group_size": gs,
+                "rotation_groups": None if groups is None else json.dumps(groups, separators=(",", ":")),
+                "rotation_label": label,
+                "config_id": science_hash(config),
                 "seed": s,
                 "corpus": "stdlib",
                 "seq_len": seq_len,
@@ -153,8 +198,9 @@ def write_store(
                 "git_sha": "0000000",
                 "corpus_fingerprint": "abc",
                 "error": None,
-                "config_json": "{}",
+                "config_json": json.dumps(config),
                 "_excess_b": exps[opt],
+                "_lr_off": math.log(lr / best[opt]) ** 2,
                 "_z": float(rng.standard_normal()),
             }
         )
@@ -166,6 +212,7 @@ def write_store(
     val = 2.0 + 40.0 * pl.col("params_non_embedding").cast(pl.Float64) ** -0.3 * (
         1 + 0.01 * pl.col("_z")
     )
+    val = val + lr_penalty * pl.col("_lr_off")
     runs = runs.with_columns(final_val_loss=val, final_train_loss=val - 0.02)
     bad = pl.col("status") != "done"
     runs = runs.with_columns(
@@ -207,6 +254,7 @@ def write_store(
     trials = runs.filter(pl.col("status") != "failed").select(
         "trial_id", "n_layers", "rotation", "d_model", "tokens", "_amp"
     )
+    quant_trials = trials
     trials = pl.concat(
         [trials, runs.filter(pl.col("status") == "failed").select(trials.columns).head(1)]
     )
@@ -230,9 +278,10 @@ def write_store(
     excess = pl.col("_amp") * pl.col("w") * pl.col("frac") * basis_factor * (
         layer_noise * pl.col("z")
     ).exp() + 0.01 * layer_noise * pl.col("z")
+    control = 3.0 * pl.col("d_model") / (pl.col("d_model") + 2)  # no privileged basis
     value = (
         pl.when(pl.col("metric") == "kurtosis")
-        .then(3.0 + excess)
+        .then(control + excess)
         .when(pl.col("metric") == "neuron_kurtosis")
         .then(1.0 + 0.5 * excess)
         .when(pl.col("metric") == "outlier_dims_abs")
@@ -255,6 +304,25 @@ def write_store(
         metric="metric",
         value=value.cast(pl.Float64),
     )
+    if quant:
+        q = quant_trials.join(
+            pl.DataFrame({"basis": ["w8a8", "w4a4"], "scale": [1.0, 8.0]}), how="cross"
+        )
+        q = q.with_columns(z=pl.Series(rng.standard_normal(q.height)))
+        mean_w = float(np.mean([layer / max(depths) for layer in range(1, max(depths) + 1)]))
+        unrotated = pl.when(pl.col("rotation") == "none").then(1.0).otherwise(0.02)
+        q = q.select(
+            "trial_id",
+            step=pl.lit(max(steps), pl.Int64),
+            tokens="tokens",
+            layer=pl.lit(-1, pl.Int64),
+            site=pl.lit("model"),
+            basis="basis",
+            metric=pl.lit("quant_loss_delta"),
+            value=0.01 * pl.col("scale") * (1 + pl.col("_amp") * mean_w * unrotated)
+            * (0.1 * pl.col("z")).exp(),
+        )
+        m = pl.concat([m, q.cast(m.schema)])  # type: ignore[arg-type]
 
     # ---- curves and checks
     done = runs.filter(pl.col("status") != "failed")
@@ -285,13 +353,7 @@ def write_store(
     )
 
     # ---- write
-    config_cols = ["optimizer", "norm", "rotation", "group_size", "lr", "d_model", "n_layers"]
-    runs = runs.with_columns(
-        config_id=pl.concat_str([pl.col(c).cast(pl.String).fill_null("-") for c in config_cols], separator="|")
-        .hash()
-        .cast(pl.String),
-        **{c: pl.lit(None) for c in RUNS_SCHEMA if c not in runs.columns and c != "config_id"},
-    )
+    runs = runs.with_columns(**{c: pl.lit(None) for c in RUNS_SCHEMA if c not in runs.columns})
     runs = runs.select(list(RUNS_SCHEMA)).cast(RUNS_SCHEMA)  # type: ignore[arg-type]
     tables = {"runs": runs, "metrics": m.cast(METRICS_SCHEMA)}  # type: ignore[arg-type]
     if curves:

@@ -9,11 +9,12 @@ Run from the repository root, with the project's environment active:
     python benchmarks/bench_report.py --keep /tmp/big # keep the store and report to look at
 
 It writes a synthetic store that follows the results-store contract (analysis.synthetic:
-5 sizes x 4 optimisers x 2 norms x 3 rotations x 3 seeds = 360 trials, 8 layers, every
-site/basis/metric, as many eval steps as it takes to reach --rows) into several Parquet
-files in a temporary folder, then times separately: the two core lazy queries
-(scale_table + layer_profile, collected), and the whole report (load, queries, bootstrap
-fits, 6 charts rendered to each format, tables, index.html). Generation is not timed.
+5 sizes x 4 optimisers (sgd on a 3-lr ladder: 6 optimiser points) x 2 norms x 3 rotations
+x 3 seeds = 540 trials, 8 layers, every site/basis/metric plus the quantisation penalty, as
+many eval steps as it takes to reach --rows) into several Parquet files in a temporary
+folder, then times separately: the two core lazy queries (scale_table + layer_profile,
+collected), and the whole report (load, best-lr selection, queries, fits, 10 charts
+rendered to each format, tables, index.html). Generation is not timed.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from analysis.synthetic import SITE_METRICS, write_store  # noqa: E402
 
 SIZES = (64, 96, 128, 192, 256)
 OPTIMIZERS = ("adam", "sgd", "rotated_adam", "muon")
+LRS = {"sgd": (0.1, 0.3, 1.0)}  # a ladder, so the report's best-lr selection has work to do
 NORMS = ("layernorm", "rmsnorm_scalar")
 ROTATIONS = ("none", "shared", ("partial", 2))
 SEEDS = (0, 1, 2)
@@ -55,7 +57,8 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, default=None, help="write here and keep (default: a temp dir)")
     args = ap.parse_args()
 
-    trials = len(SIZES) * len(OPTIMIZERS) * len(NORMS) * len(ROTATIONS) * len(SEEDS)
+    points = sum(len(LRS.get(o, (None,))) for o in OPTIMIZERS)
+    trials = len(SIZES) * points * len(NORMS) * len(ROTATIONS) * len(SEEDS)
     n_steps = max(2, round(args.rows / (trials * rows_per_eval())))
     root = args.keep or Path(tempfile.mkdtemp(prefix="bench_report_"))
     print(f"writing a synthetic store: {trials} trials x {n_steps} evals x {rows_per_eval()} rows ...")
@@ -66,6 +69,8 @@ def main() -> None:
         sizes=SIZES,
         n_layers=LAYERS,
         optimizers=OPTIMIZERS,
+        lrs=LRS,
+        best_lrs={"sgd": 0.3},
         exponents={"adam": 0.5, "sgd": None, "rotated_adam": 0.2, "muon": None},
         norms=NORMS,
         rotations=ROTATIONS,

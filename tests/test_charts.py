@@ -10,7 +10,7 @@ from pathlib import Path
 import altair as alt
 import polars as pl
 import pytest
-from analysis_fixtures import messy_store, single_size_store, store  # noqa: F401  (fixtures)
+from analysis_fixtures import messy_store, single_size_store, store, twins  # noqa: F401  (fixtures)
 
 from analysis import charts, fits, queries
 from analysis.load import load
@@ -33,6 +33,9 @@ def _frames(path: str) -> dict[str, object]:
         "basis": queries.basis_comparison(r).collect(),
         "loss": queries.loss_table(r).collect(),
         "loss_curves": fits.fit_curves(lfits, BY, x="params_non_embedding"),
+        "matched": queries.versus(queries.loss_table(r), queries.scale_table(r, "kurtosis")).collect(),
+        "quant": queries.quant_penalty(r, "w8a8").collect(),
+        "onsets": queries.onset(r, threshold=3.5).collect(),
     }
 
 
@@ -43,6 +46,12 @@ def _build(f: dict[str, object]) -> dict[str, alt.TopLevelMixin]:
         "metric_over_training": charts.metric_over_training(f["training"]),
         "basis_comparison": charts.basis_comparison(f["basis"]),
         "loss_vs_params": charts.loss_vs_params(f["loss"], f["loss_curves"]),
+        "kurtosis_vs_loss": charts.kurtosis_vs_loss(f["matched"], facet="norm"),
+        "quant_penalty": charts.quant_penalty(f["quant"], facet="norm"),
+        "onset": charts.metric_over_training(
+            f["training"], size=None, threshold=3.5, onsets=f["onsets"]
+        ),
+        "by_family": charts.metric_vs_params(f["scale"], None, facet="optimizer_family", connect=True),
     }
 
 
@@ -56,7 +65,11 @@ def messy_built(messy_store) -> dict[str, alt.TopLevelMixin]:  # noqa: F811
     return _build(_frames(messy_store.path))
 
 
-NAMES = ["kurtosis_by_layer", "metric_vs_params", "metric_over_training", "basis_comparison", "loss_vs_params"]
+NAMES = [
+    "kurtosis_by_layer", "metric_vs_params", "metric_over_training", "basis_comparison",
+    "loss_vs_params", "kurtosis_vs_loss", "quant_penalty", "onset", "by_family",
+]  # fmt: skip
+WIDE = {"basis_comparison", "onset", "by_family"}  # several panels: wider or taller than a column
 
 
 def _png_size(path: Path) -> tuple[int, int]:
@@ -74,7 +87,7 @@ def test_chart_saves_as_svg_and_png(built, tmp_path: Path, name: str) -> None:
     assert svg.lstrip().startswith("<svg") and "</svg>" in svg
     width, height = _png_size(tmp_path / f"{name}.png")
     assert width > 100 and height > 100
-    if name != "basis_comparison":  # one panel: fits a paper column (3.3 in at 72 dpi)
+    if name not in WIDE:  # one panel: fits a paper column (3.3 in at 72 dpi)
         assert 240 <= width <= 360, width
 
 
@@ -85,8 +98,8 @@ def test_messy_sweep_charts_build(messy_built, tmp_path: Path, name: str) -> Non
     chart.save(tmp_path / f"{name}.svg")
     text = json.dumps(spec)
     assert "partial(2)" in text  # rotation label with its group size
-    if name != "basis_comparison":
-        assert "facet" in spec  # two norms: one panel each
+    if name not in ("basis_comparison", "by_family"):
+        assert "facet" in spec  # two norms (or sizes): one panel each
 
 
 def _colour_map(spec: dict) -> dict[str, str]:
@@ -180,3 +193,24 @@ def test_builders_accept_lazy_frames(store) -> None:  # noqa: F811
     lazy = queries.layer_profile(load(store.path), "kurtosis")
     assert charts.kurtosis_by_layer(lazy).to_dict()
     assert charts.metric_vs_params(pl.DataFrame(queries.scale_table(load(store.path), "kurtosis").collect())).to_dict()
+
+
+def test_new_views_say_what_they_show(built) -> None:
+    matched = json.dumps(built["kurtosis_vs_loss"].to_dict())
+    assert "Validation loss (nats/token)" in matched and "Kurtosis (Gaussian = 3)" in matched
+    assert "Model size" in matched  # marker size names the model size of each point
+    quant = json.dumps(built["quant_penalty"].to_dict())
+    assert "W8A8 penalty" in quant and "nats/token" in quant
+    onset = built["onset"].to_dict()
+    assert '"datum": 3.5' in json.dumps(onset) and "diamond" in json.dumps(onset)
+    assert "row" in onset["facet"]  # one row per model size
+    family = json.dumps(built["by_family"].to_dict())
+    assert "family: per coordinate" in family and "family: rotation equivariant" in family
+
+
+def test_configs_differing_in_momentum_are_separate_lines(twins) -> None:  # noqa: F811
+    """Lines are told apart by every hyper-parameter that varies within an optimiser."""
+    table = queries.scale_table(load(twins), "kurtosis").collect()
+    spec = json.dumps(charts.metric_vs_params(table, None, facet="rotation", connect=True).to_dict())
+    assert "Momentum" in spec and '"0.5"' in spec and '"0.9"' in spec
+    assert "rotation: groups[[0,1],[2,3]]" in spec

@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_import_pulls_in_neither_torch_nor_ray() -> None:
     code = (
         "import sys, analysis, analysis.load, analysis.queries, analysis.fits, "
-        "analysis.charts, analysis.report, analysis.synthetic\n"
+        "analysis.charts, analysis.report, analysis.synthetic, analysis.identity\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'ray'))\n"
         "assert not bad, bad\n"
         "print('ok')\n"
@@ -169,20 +169,23 @@ def test_nested_part_files_are_found(tmp_path: Path) -> None:
     assert load(tmp_path / "s").metrics.collect().get_column("value").to_list() == [3.5]
 
 
-def test_config_label() -> None:
+def test_config_label_reads_the_stored_rotation_label() -> None:
     df = pl.DataFrame(
         {
-            "optimizer": ["adam", "sgd", None],
-            "norm": ["layernorm", "rmsnorm_scalar", "rmsnorm"],
-            "rotation": ["shared", "partial", "none"],
-            "group_size": [None, 2, None],
+            "optimizer": ["adam", "sgd", None, "sgd"],
+            "norm": ["layernorm", "rmsnorm_scalar", "rmsnorm", "layernorm"],
+            "rotation": ["shared", "partial", "none", "groups"],
+            "group_size": [None, 2, None, None],
+            # stored by the writer; null for rows written before the column existed
+            "rotation_label": ["shared", None, "none", "groups[[0,1],[2]]"],
         }
     )
     labels = df.select(config_label()).get_column("config").to_list()
     assert labels == [
         "adam · layernorm · shared",
-        "sgd · rmsnorm_scalar · partial(2)",
+        "sgd · rmsnorm_scalar · partial(2)",  # derived for an old row
         "? · rmsnorm · none",
+        "sgd · layernorm · groups[[0,1],[2]]",  # explicit groups: only the stored label knows
     ]
     only = df.select(config_label(["optimizer", "rotation"], sep=" / ")).to_series().to_list()
     assert only[1] == "sgd / partial(2)"
@@ -191,5 +194,6 @@ def test_config_label() -> None:
 def test_package_exports() -> None:
     assert analysis.load is load
     assert callable(analysis.layer_profile) and callable(analysis.fit_power_law)
+    assert callable(analysis.best_lr) and callable(analysis.with_ids)
     with pytest.raises(AttributeError):
         analysis.nope  # noqa: B018

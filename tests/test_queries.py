@@ -7,7 +7,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from analysis_fixtures import store  # noqa: F401  (fixture)
+from analysis_fixtures import store, twins  # noqa: F401  (fixtures)
 
 from analysis import queries as q
 from analysis._stats import t_critical
@@ -158,7 +158,7 @@ def test_queries_accept_prejoined_frames(hand: Path) -> None:
     assert a.select("optimizer", "mean").equals(b.select("optimizer", "mean"))
     c = q.scale_table(r.metrics, "kurtosis", runs=r.runs).collect()
     assert c.select("optimizer", "mean").equals(b.select("optimizer", "mean"))
-    with pytest.raises(q.QueryError, match="no config columns"):
+    with pytest.raises(q.QueryError, match="no config_id column"):
         q.scale_table(r.metrics, "kurtosis").collect()
     custom = q.scale_table(r, "kurtosis", by=["optimizer"]).collect()
     assert custom.columns[:2] == ["optimizer", "mean"]
@@ -192,12 +192,131 @@ def test_sql_errors_name_tables_and_columns(hand: Path) -> None:
 
 
 def test_synthetic_store_queries_are_consistent(store) -> None:  # noqa: F811
-    """On the fixture store: sgd reads ~3 everywhere, adam's block mean matches the model."""
+    """On the fixture store: sgd reads the no-privilege 3d/(d+2) everywhere, and so does the
+    random-basis control; adam's block-mean excess over the control matches the model."""
     r = load(store.path)
     tab = q.scale_table(r, "kurtosis").collect()
     assert tab.height == 6 and set(tab.get_column("n").to_list()) == {3}
-    sgd = tab.filter(pl.col("optimizer") == "sgd").get_column("mean").to_list()
-    assert sgd == pytest.approx([3.0] * 3, abs=1e-2)
-    adam = tab.filter(pl.col("optimizer") == "adam").sort("params_non_embedding")
+    sgd = tab.filter(pl.col("optimizer") == "sgd")
+    control = [3 * d / (d + 2) for d in sgd.get_column("d_model")]
+    assert sgd.get_column("mean").to_list() == pytest.approx(control, abs=1e-2)
+    assert min(control) < 2.9  # below 3 at small width: why excess is measured against the control
+    excess = q.scale_table(r, "kurtosis", control=q.CONTROL).collect()
+    adam = excess.filter(pl.col("optimizer") == "adam").sort("params_non_embedding")
     for p, m in zip(adam.get_column("params_non_embedding"), adam.get_column("mean"), strict=True):
-        assert m - 3 == pytest.approx(store.expected_excess("adam", p), rel=0.2)
+        assert m == pytest.approx(store.expected_excess("adam", p), rel=0.2)
+    sgd_excess = excess.filter(pl.col("optimizer") == "sgd").get_column("mean").to_list()
+    assert sgd_excess == pytest.approx([0.0] * 3, abs=2e-3)
+
+
+# ---------------------------------------------------------------- one config identity
+
+
+def test_configs_differing_in_one_hyper_parameter_are_never_averaged(twins: Path) -> None:  # noqa: F811
+    r = load(twins)
+    tab = q.scale_table(r, "kurtosis").collect()
+    assert tab.height == 8  # 4 configs x 2 sizes, never pooled
+    assert set(tab.get_column("n").to_list()) == {2}  # the two seeds of each
+    small = tab.filter(pl.col("d_model") == 32).get_column("mean")
+    assert sorted(round(m, 6) for m in small) == [3.05, 5.05, 7.05, 11.05]  # never in between
+    assert set(tab.get_column("momentum").drop_nulls()) == {0.9, 0.5}  # labels ride along
+    assert set(tab.get_column("rotation_label")) == {"none", "groups[[0,1],[2,3]]", "groups[[0,2],[1,3]]"}
+    loss = q.loss_table(r).collect()
+    assert loss.height == 8 and set(loss.get_column("n").to_list()) == {2}
+    # the lines across sizes: one per config, each with both sizes
+    lines = q.per_trial(r, "kurtosis").collect().group_by("line_id").agg(pl.col("d_model").n_unique())
+    assert lines.height == 4 and set(lines.get_column("d_model").to_list()) == {2}
+
+
+def test_ids_recomputed_from_config_json_match_the_study(twins: Path) -> None:  # noqa: F811
+    from analysis.identity import with_ids
+
+    runs = load(twins).runs.collect()
+    again = with_ids(runs.with_columns(config_id=pl.lit(None, pl.String))).collect()
+    assert again.get_column("config_id").to_list() == runs.get_column("config_id").to_list()
+    # tuning_id drops only the lr: configs that differ in momentum keep separate ladders
+    assert again.group_by("tuning_id").agg(pl.col("momentum").n_unique()).get_column("momentum").max() == 1
+
+
+# ---------------------------------------------------------------- best lr, onset, quantisation
+
+
+@pytest.fixture(scope="module")
+def ladder(tmp_path_factory: pytest.TempPathFactory):
+    from analysis.synthetic import write_store
+
+    return write_store(
+        tmp_path_factory.mktemp("r"), name="ladder", sizes=(32, 64), seeds=(0, 1, 2),
+        lrs={"adam": [1e-3, 3e-3, 1e-2], "sgd": [0.1, 0.3]},
+        best_lrs={"adam": 3e-3, "sgd": 0.3}, steps=(0, 25, 50, 75, 100), seed=4,
+    )  # fmt: skip
+
+
+def test_best_lr_picks_the_lowest_seed_mean_loss_and_flags_edges(ladder) -> None:
+    r = load(ladder.path)
+    best = q.best_lr(r)
+    assert best.height == 4  # 2 optimisers x 2 sizes
+    adam = best.filter(pl.col("optimizer") == "adam")
+    assert adam.get_column("lr").to_list() == [3e-3, 3e-3]
+    assert adam.get_column("edge").to_list() == [None, None] and not adam.get_column("tie").any()
+    assert adam.get_column("n_lrs").to_list() == [3, 3]
+    sgd = best.filter(pl.col("optimizer") == "sgd")
+    assert sgd.get_column("lr").to_list() == [0.3, 0.3]
+    assert sgd.get_column("edge").to_list() == ["high", "high"]  # the ladder is too short
+    assert all("largest lr" in f for f in sgd.get_column("flag"))
+    # every chosen loss is the minimum seed mean over its ladder
+    losses = q.loss_table(r).collect()
+    for row in best.iter_rows(named=True):
+        rivals = losses.filter(pl.col("tuning_id") == row["tuning_id"]).get_column("mean")
+        assert row["mean"] == pytest.approx(rivals.min())
+    # the best-lr view holds only those configs
+    main = q.best_lr_results(r, best)
+    assert set(q.scale_table(main, "kurtosis").collect().get_column("config_id")) == set(best.get_column("config_id"))
+
+
+def test_best_lr_flags_untuned_ties_and_skips_diverged_lrs(tmp_path: Path) -> None:
+    from analysis.synthetic import write_store
+
+    one = write_store(tmp_path, name="one", sizes=(32, 64), seeds=(0,), steps=(0, 10))
+    best = q.best_lr(load(one.path))
+    assert best.get_column("untuned").all() and set(best.get_column("flag")) == {"untuned (one lr)"}
+    # a flat loss (no lr penalty): the runner-up cannot be told apart
+    flat = write_store(tmp_path, name="flat", sizes=(32,), seeds=(0, 1, 2), steps=(0, 10),
+                       optimizers=("adam",), lrs={"adam": [1e-3, 3e-3]}, lr_penalty=0.0, noise=0.5)  # fmt: skip
+    assert q.best_lr(load(flat.path)).get_column("tie").to_list() == [True]
+    # the lowest lr's first trial diverges: that lr is never chosen, though the loss says so
+    low = write_store(tmp_path, name="div", sizes=(32,), seeds=(0, 1), steps=(0, 10), optimizers=("adam",),
+                      lrs={"adam": [3e-3, 1e-2]}, best_lrs={"adam": 3e-3}, diverged=1)  # fmt: skip
+    b = q.best_lr(load(low.path)).row(0, named=True)
+    assert b["lr"] == 1e-2 and b["n_lrs"] == 2 and b["edge"] == "high"
+    # with one lr, a diverged seed does not drop the config: it is chosen, and flagged
+    one_div = write_store(tmp_path, name="div1", sizes=(32,), seeds=(0, 1), steps=(0, 10),
+                          optimizers=("adam",), diverged=1)  # fmt: skip
+    b = q.best_lr(load(one_div.path)).row(0, named=True)
+    assert b["n"] == 1 and b["diverged"] == 1 and "diverged" in b["flag"]
+
+
+def test_onset_is_the_first_eval_above_threshold(ladder) -> None:
+    r = q.best_lr_results(load(ladder.path))
+    on = q.onset(r, threshold=3.5).collect()
+    sgd = on.filter(pl.col("optimizer") == "sgd")
+    assert sgd.get_column("n").to_list() == [0, 0] and sgd.get_column("n_never").to_list() == [3, 3]
+    assert sgd.get_column("mean").null_count() == 2
+    adam = on.filter(pl.col("optimizer") == "adam").sort("d_model")
+    assert adam.get_column("n_never").to_list() == [0, 0]
+    # larger models grow outliers sooner (in steps); tokens of the first crossing are evals
+    steps = adam.get_column("step_mean").to_list()
+    assert steps[1] <= steps[0] and all(25 <= s <= 100 for s in steps)  # eval steps, mean over seeds
+    never = q.onset(r, threshold=1e9).collect()
+    assert set(never.get_column("n_never").to_list()) == {3}
+
+
+def test_quant_penalty_pairs_the_penalty_with_kurtosis(ladder) -> None:
+    r = q.best_lr_results(load(ladder.path))
+    w8 = q.quant_penalty(r, "w8a8").collect()
+    w4 = q.quant_penalty(r, "w4a4").collect()
+    assert w8.height == w4.height == 4 and set(w8.get_column("n").to_list()) == {3}
+    assert (w4.get_column("mean") > w8.get_column("mean")).all()
+    adam = w8.filter(pl.col("optimizer") == "adam").get_column("mean").min()
+    assert adam > w8.filter(pl.col("optimizer") == "sgd").get_column("mean").max()
+    assert w8.get_column("x").min() > 2.5  # x: the seed-mean kurtosis of the same config

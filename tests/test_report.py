@@ -6,7 +6,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from analysis_fixtures import messy_store, single_size_store, store  # noqa: F401  (fixtures)
+from analysis_fixtures import messy_store, single_size_store, store, twins  # noqa: F401  (fixtures)
 
 from analysis.report import DEFAULT_FITS, FitSpec, ReportResult, write_report
 
@@ -17,6 +17,10 @@ CHARTS = {
     "kurtosis_resid_vs_params",
     "kurtosis_mlp_in_vs_params",
     "final_val_loss_vs_params",
+    "kurtosis_vs_loss",
+    "kurtosis_by_family",
+    "quant_w8a8_vs_kurtosis",
+    "quant_w4a4_vs_kurtosis",
 }
 
 
@@ -34,7 +38,7 @@ def test_writes_every_chart_table_and_index(report, store) -> None:  # noqa: F81
     names = {p.name for p in out.iterdir()}
     for chart in CHARTS:
         assert {f"{chart}.svg", f"{chart}.png"} <= names, chart
-    assert {"fits.csv", "fits.md", "fits.tex", "comparisons.csv", "index.html"} <= names
+    assert {"fits.csv", "fits.md", "fits.tex", "comparisons.csv", "index.html", "best_lr.csv", "onset.csv"} <= names
     assert set(rep.charts) == CHARTS
     assert all(Path(f).exists() for f in rep.files)
     assert not any(n.startswith(".") for n in names)  # no temp files left behind
@@ -46,15 +50,65 @@ def test_fits_table_holds_the_known_exponent(report) -> None:
     rep, _ = report
     fits = pl.read_csv(Path(rep.out) / "fits.csv")
     adam = fits.filter(
-        pl.col("fit").str.starts_with("kurtosis − 3, residual") & (pl.col("optimizer") == "adam")
+        pl.col("fit").str.starts_with("kurtosis − control, residual") & (pl.col("optimizer") == "adam")
     ).row(0, named=True)
     assert adam["exponent_low"] < 0.5 < adam["exponent_high"]
-    sgd = fits.filter(pl.col("fit").str.starts_with("kurtosis − 3, residual") & (pl.col("optimizer") == "sgd"))
-    assert "y - 3 <= 0" in sgd.get_column("note").item()
+    assert adam["interval"] == "between-seed t (3 seeds)" and (adam["n_x"], adam["n_seeds"]) == (3, 3)
+    # sgd has no excess over the control: its fit is undefined, not listed, and named in one note
+    sgd = fits.filter(pl.col("fit").str.starts_with("kurtosis − control, residual") & (pl.col("optimizer") == "sgd"))
+    assert sgd.height == 0 and fits.get_column("exponent").null_count() == 0
+    skipped = [n for n in rep.notes if "fits are undefined" in n]
+    assert len(skipped) == 1 and "sgd · layernorm · none" in skipped[0] and "y <= 0" in skipped[0]
     comparisons = pl.read_csv(Path(rep.out) / "comparisons.csv")
     raw = comparisons.filter(pl.col("fit").str.starts_with("kurtosis, residual")).row(0, named=True)
-    assert (raw["a"], raw["b"]) == ("sgd", "adam")
+    assert raw["a"].startswith("sgd") and raw["b"].startswith("adam")
     assert raw["difference_low"] > 0 and raw["p_value"] < 0.05
+    assert raw["method"].startswith("Welch t over seeds")
+
+
+def test_control_excess_keeps_fits_that_offset_3_loses(tmp_path: Path) -> None:
+    """At small width the no-privilege kurtosis reads 3d/(d+2) < 3: a small excess measured
+    against 3 goes negative (undefined fit); against the control it is defined."""
+    from analysis.synthetic import write_store
+
+    small = write_store(tmp_path, name="small", sizes=(16, 24, 32), optimizers=("adam",),
+                        amplitude=0.1, exponents={"adam": 0.3}, steps=(0, 10), seed=1)  # fmt: skip
+    specs = (FitSpec("kurtosis", offset=3.0, chart=False), FitSpec("kurtosis", control=True, chart=False))
+    rep = write_report(small.path, tmp_path / "rep", formats=("svg",), fit_specs=specs, n_boot=20)
+    assert rep.fits.get_column("fit").to_list() == ["kurtosis − control, residual stream (mean over blocks)"]
+    assert rep.skipped.get_column("fit").to_list() == ["kurtosis − 3, residual stream (mean over blocks)"]
+    fit = rep.fits.row(0, named=True)
+    assert fit["exponent_low"] < 0.3 < fit["exponent_high"]  # the excess's own exponent
+
+
+def test_main_charts_show_best_lr_points_and_say_so(tmp_path: Path) -> None:
+    from analysis.synthetic import write_store
+
+    ladder = write_store(tmp_path, name="ladder", sizes=(32, 64), seeds=(0, 1), steps=(0, 50, 100),
+                         lrs={"adam": [1e-3, 3e-3, 1e-2], "sgd": [0.1, 0.3]}, seed=3)  # fmt: skip
+    rep = write_report(ladder.path, tmp_path / "rep", formats=("svg",), n_boot=20)
+    assert "best-lr points" in rep.captions["kurtosis_resid_vs_params"]
+    assert "every lr tried" in rep.captions["kurtosis_vs_loss"]
+    best = pl.read_csv(tmp_path / "rep" / "best_lr.csv")
+    assert best.height == 4 and set(best.filter(pl.col("optimizer") == "sgd").get_column("edge")) == {"high"}
+    # fits run over the best-lr points only: 2 sizes x 2 seeds per line, one lr each
+    raw = rep.fits.filter(pl.col("fit").str.starts_with("kurtosis, residual"))
+    assert raw.height == 2 and set(raw.get_column("n").to_list()) == {4}
+    assert any("lr=0.003" in c for c in raw.get_column("config"))
+    index = (tmp_path / "rep" / "index.html").read_text()
+    assert "Best learning rates" in index and "edge: largest lr tried" in index
+
+
+def test_report_never_pools_configs_that_differ_in_one_hyper_parameter(twins, tmp_path: Path) -> None:  # noqa: F811
+    rep = write_report(twins, tmp_path / "rep", formats=("svg",), n_boot=20,
+                       fit_specs=(FitSpec("kurtosis"), FitSpec("kurtosis", control=True, chart=False)))  # fmt: skip
+    raw = rep.fits.filter(pl.col("fit").str.starts_with("kurtosis, residual"))
+    assert raw.height == 4  # momentum 0.9 / 0.5, groups [[0,1],[2,3]] / [[0,2],[1,3]]
+    assert set(raw.get_column("n").to_list()) == {4}  # 2 sizes x 2 seeds each
+    configs = " | ".join(raw.get_column("config"))
+    assert "momentum=0.5" in configs and "momentum=0.9" in configs and "None" not in configs
+    assert "groups[[0,1],[2,3]]" in configs and "groups[[0,2],[1,3]]" in configs
+    assert "4 (2 sizes × 2 seeds)" in (tmp_path / "rep" / "fits.md").read_text()
 
 
 def test_markdown_latex_and_index(report) -> None:
@@ -62,10 +116,11 @@ def test_markdown_latex_and_index(report) -> None:
     out = Path(rep.out)
     md = (out / "fits.md").read_text()
     assert md.startswith("# Power-law fits") and "| Fit | Config | Exponent [CI]" in md
-    assert "adam · layernorm · none" in md
+    assert "adam · layernorm · none" in md and "| Interval |" in md and "(3 sizes × 3 seeds)" in md
     tex = (out / "fits.tex").read_text()
     assert r"\begin{tabular}" in tex and r"\bottomrule" in tex
     assert "final\\_val\\_loss" in tex and "kurtosis_" not in tex  # escaped
+    assert "×" not in tex and r"$\times$" in tex
     index = (out / "index.html").read_text()
     assert index.count("<svg") == len(CHARTS)  # charts inlined: the page stands alone
     assert "Power-law fits" in index and "<table>" in index
@@ -127,12 +182,12 @@ def test_bad_format_is_a_value_error(store) -> None:  # noqa: F811
 
 def test_default_fit_specs_are_named() -> None:
     assert [s.name for s in DEFAULT_FITS] == [
-        "kurtosis_resid",
-        "kurtosis_mlp_in",
+        "kurtosis_resid_excess",
+        "kurtosis_mlp_in_excess",
         "kurtosis_resid",
         "kurtosis_mlp_in",
         "final_val_loss",
     ]
     charted = [s.name for s in DEFAULT_FITS if s.chart]
     assert len(charted) == len(set(charted))  # one chart file each
-    assert DEFAULT_FITS[0].label.startswith("kurtosis − 3, residual stream")
+    assert DEFAULT_FITS[0].label.startswith("kurtosis − control, residual stream")

@@ -1,0 +1,105 @@
+"""Which trials belong together: identities derived from a run's science config.
+
+Every id is a 12-hex-digit sha256 of the canonical JSON of the trial's config (the runs
+column ``config_json``) with some parts removed, computed exactly as
+``study.config.TrialConfig.config_id`` computes its own (so ``config_id`` recomputed here
+equals the stored one; a test checks):
+
+- ``config_id``: without the seed (and the non-science ``sweep`` / ``runtime``): the seeds of
+  one config. Stored by the writer; filled here only for rows written before it existed.
+- ``tuning_id``: also without ``optimizer.lr``: the points of one learning-rate ladder, at one
+  model size (``queries.best_lr`` picks one lr per tuning_id).
+- ``line_id``: without the seed and the model shape (``model``): one config across sizes,
+  what a power-law fit or a line in a size chart is drawn through.
+- ``tuned_line_id``: also without ``optimizer.lr``: the best-lr points of one config across
+  sizes (the tuned lr may differ from size to size).
+
+Rows without a usable ``config_json`` (stores written before it) fall back to hashing the run
+columns that describe the config (``_FALLBACK``), a documented approximation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import polars as pl
+
+from analysis.load import LABEL_COLUMNS, SIZE_COLUMNS
+
+__all__ = ["ID_COLUMNS", "science_hash", "with_ids"]
+
+ID_COLUMNS = ("config_id", "tuning_id", "line_id", "tuned_line_id")
+_NOT_SCIENCE = ("seed", "sweep", "runtime")
+_DROPS: dict[str, tuple[str, ...]] = {
+    "config_id": (),
+    "tuning_id": ("optimizer.lr",),
+    "line_id": ("model",),
+    "tuned_line_id": ("model", "optimizer.lr"),
+}
+_FALLBACK = (*LABEL_COLUMNS, *SIZE_COLUMNS, "corpus", "seq_len", "batch_size", "tokens")
+_SIZE_KEYS = ("d_model", "n_layers", "n_heads", "d_mlp", "params", "params_non_embedding", "tokens")
+
+
+def science_hash(config: dict[str, Any], drop: Sequence[str] = ()) -> str:
+    """sha256[:12] of ``config`` (a parsed ``config_json``) without the seed, ``sweep``,
+    ``runtime`` and the keys in ``drop`` (top-level, e.g. ``"model"``, or one level down,
+    e.g. ``"optimizer.lr"``). ``config`` is not modified."""
+    payload = {k: v for k, v in config.items() if k not in _NOT_SCIENCE}
+    for key in drop:
+        top, _, sub = key.partition(".")
+        if not sub:
+            payload.pop(top, None)
+        elif isinstance(payload.get(top), dict):
+            payload[top] = {k: v for k, v in payload[top].items() if k != sub}
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+def _ids(row: dict[str, Any]) -> dict[str, str]:
+    text = row.get("config_json")
+    try:
+        config = json.loads(text) if text else None
+    except ValueError:
+        config = None
+    if isinstance(config, dict) and config.get("model") and config.get("optimizer"):
+        return {name: science_hash(config, drop) for name, drop in _DROPS.items()}
+    # fallback: the config's run columns
+    base = {k: row.get(k) for k in _FALLBACK if k in row}
+    out = {}
+    for name, drop in _DROPS.items():
+        gone = {"lr"} if "optimizer.lr" in drop else set()
+        if "model" in drop:
+            gone |= set(_SIZE_KEYS)
+        out[name] = science_hash({k: v for k, v in base.items() if k not in gone})
+    return out
+
+
+def with_ids(runs: pl.LazyFrame | pl.DataFrame) -> pl.LazyFrame:
+    """``runs`` (lazily) with ``tuning_id``, ``line_id`` and ``tuned_line_id`` added and
+    ``config_id`` filled where it is null. Idempotent."""
+    lazy = runs.lazy()
+    names = lazy.collect_schema().names()
+    if all(c in names for c in ID_COLUMNS[1:]):
+        return lazy
+    src = [c for c in ("config_json", *_FALLBACK) if c in names]
+    struct_type = pl.Struct({c: pl.String for c in ID_COLUMNS})
+
+    def batch(s: pl.Series) -> pl.Series:
+        cache: dict[Any, dict[str, str]] = {}
+        out = []
+        for row in s.to_list():
+            key = json.dumps(row, sort_keys=True, default=str)
+            if key not in cache:
+                cache[key] = _ids(row)
+            out.append(cache[key])
+        return pl.Series(out, dtype=struct_type)
+
+    ids = pl.struct(src).map_batches(batch, return_dtype=struct_type).alias("_ids")
+    lazy = lazy.with_columns(ids)
+    fields = {c: pl.col("_ids").struct.field(c) for c in ID_COLUMNS}
+    if "config_id" in names:
+        fields["config_id"] = pl.coalesce(pl.col("config_id"), fields["config_id"])
+    return lazy.with_columns(**fields).drop("_ids")
