@@ -463,6 +463,21 @@ def test_soap_matches_its_written_out_reference() -> None:
     assert (expect - w0).norm() > 0.1
 
 
+def test_soap_refinement_sorts_the_basis_and_the_second_moment_with_it() -> None:
+    """A refinement orders the columns by diag(Q^T L Q), descending, and v's coordinates follow."""
+    w = torch.zeros(3, 2, dtype=F64, requires_grad=True)
+    opt = SOAP([w], precondition_frequency=1)
+    (b,) = opt._buckets
+    b.gg_out[0] = torch.diag(torch.tensor([1.0, 2.0, 3.0], dtype=F64))  # identity basis: ascending
+    b.gg_in[0] = torch.diag(torch.tensor([5.0, 4.0], dtype=F64))  # already descending
+    b.exp_avg_sq[0] = torch.arange(6, dtype=F64).view(3, 2)
+    opt._refresh = "qr"
+    opt._refresh_bases(b, slice(None))
+    torch.testing.assert_close(b.exp_avg_sq[0], torch.tensor([[4.0, 5.0], [2.0, 3.0], [0.0, 1.0]], dtype=F64))
+    torch.testing.assert_close(b.basis_out[0].abs(), torch.eye(3, dtype=F64).flip(1), rtol=0, atol=1e-15)
+    torch.testing.assert_close(b.basis_in[0].abs(), torch.eye(2, dtype=F64), rtol=0, atol=1e-15)
+
+
 @pytest.mark.parametrize("freq", [1, 3])
 def test_soap_is_equivariant_on_matrices(freq: int) -> None:
     """Its bases follow the gradients' rotation (L' = Po L Po^T), so the whole run rotates."""
