@@ -3,9 +3,10 @@ optimiser, side by side with AdamW, interleaved in one process.
 
 Run (from the repository root, venv active; the machine is shared, so nice it):
 
-    nice -n 10 python benchmarks/bench_step.py                       # laptop grid 32/64/128 and 768
-    nice -n 10 python benchmarks/bench_step.py --d-model 128 --repeats 9
-    nice -n 10 python benchmarks/bench_step.py --optimizers adam rotated_adam soap muon
+    nice -n 10 python benchmarks/bench_step.py --threads 1           # laptop grid 32/64/128 and 768
+    nice -n 10 python benchmarks/bench_step.py --d-model 32 64 128 --threads 1 --repeats 5 --steps 2
+    nice -n 10 python benchmarks/bench_step.py --d-model 768 --threads 1 --repeats 3 --steps 1 \
+        --optimizers adam rotated_adam soap muon adafactor lion
 
 Budget (DESIGN.md "Budgets"): a whole step with rotated_adam (and soap, muon) within 1.15x of
 one with AdamW, at every laptop-grid size (d_model 32/64/128, 4 layers, batch 32 x 128) and
@@ -13,7 +14,8 @@ at d_model 768. For each width it builds one `study.model.Transformer` per optim
 init, same batch), runs the train loop's step exactly as study/train.py does, and in every
 repeat times `--steps` steps of each optimiser in turn, so machine noise hits all alike. It
 prints, per optimiser: median ms per whole step and its ratio to AdamW's; median ms of the
-optimiser step alone and its ratio; and the FLOPs that explain them: the model's forward +
+optimiser step alone and its ratio (on a CPU, ms of this process's CPU time: robust to other
+processes' load; use --threads 1 on a shared machine, where threads also fight each other); and the FLOPs that explain them: the model's forward +
 backward (6 N T plus attention, `TrialConfig.flops_per_token`) and the optimiser's own dense
 arithmetic per step (`optimizer_flops`: basis changes, Shampoo factors and amortised basis
 refreshes, Newton-Schulz iterations; AdamW's elementwise work is not counted).
@@ -88,20 +90,23 @@ class Stepper:
         self.device = device
 
     def steps(self, x: torch.Tensor, y: torch.Tensor, n: int) -> tuple[float, float]:
-        """(ms per whole step, ms per optimiser step), averaged over n steps."""
+        """(ms per whole step, ms per optimiser step), averaged over n steps. On a CPU the clock
+        is this process's CPU time (time.process_time, all threads): on a shared machine other
+        processes' load stretches wall time but not the CPU time our work needs."""
+        clock = time.perf_counter if self.device.type == "cuda" else time.process_time
         whole = opt_only = 0.0
         for _ in range(n):
             sync(self.device)
-            t0 = time.perf_counter()
+            t0 = clock()
             _, loss = self.model(x, y)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
             sync(self.device)
-            t1 = time.perf_counter()
+            t1 = clock()
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
             sync(self.device)
-            t2 = time.perf_counter()
+            t2 = clock()
             whole += t2 - t0
             opt_only += t2 - t1
         return whole * 1e3 / n, opt_only * 1e3 / n
@@ -114,8 +119,8 @@ def bench_width(d_model: int, names: list[str], args: argparse.Namespace, device
     g = torch.Generator().manual_seed(0)
     xy = torch.randint(0, 256, (args.batch, args.seq_len + 1), generator=g).to(device)
     x, y = xy[:, :-1], xy[:, 1:]
-    for s in steppers.values():  # warm-up; soap's first step only builds its factors
-        s.steps(x, y, 2)
+    for s in steppers.values():  # warm-up; soap's first step only builds its factors, its second eighs
+        s.steps(x, y, args.warmup)
     times: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
     for _ in range(args.repeats):
         for n, s in steppers.items():
@@ -127,15 +132,20 @@ def bench_width(d_model: int, names: list[str], args: argparse.Namespace, device
     print(f"\nd_model {d_model}, {args.layers} layers, {cfg.params / 1e6:.2f}M params, batch {args.batch} x {args.seq_len}, "
           f"threads {torch.get_num_threads()}, {args.repeats} repeats x {args.steps} steps, "
           f"model fwd+bwd {model_flops / 1e9:.1f} GFLOP/step")
-    print(f"  {'optimiser':<13} {'whole ms':>9} {'x adamw':>8} {'opt ms':>8} {'x adamw':>8} {'opt GFLOP':>10} {'opt/model FLOP':>15}")
+    # "via opt": AdamW's whole step with its optimiser step swapped for this one's. The model's
+    # forward + backward is the same for every optimiser, and the optimiser step is timed more
+    # steadily than the whole step, so this ratio is the less noisy estimate of the same thing.
+    print(f"  {'optimiser':<13} {'whole ms':>9} {'x adamw':>8} {'via opt':>8} {'opt ms':>8} {'x adamw':>8} "
+          f"{'opt GFLOP':>10} {'opt/model FLOP':>15}")
     rows = []
     for n in names:
         whole = statistics.median(t[0] for t in times[n])
         opt = statistics.median(t[1] for t in times[n])
+        via = (base_whole - base_opt + opt) / base_whole
         fl = optimizer_flops(steppers[n].opt)
-        print(f"  {n:<13} {whole:>9.1f} {whole / base_whole:>8.3f} {opt:>8.2f} {opt / base_opt:>8.2f} "
+        print(f"  {n:<13} {whole:>9.1f} {whole / base_whole:>8.3f} {via:>8.3f} {opt:>8.2f} {opt / base_opt:>8.2f} "
               f"{fl / 1e9:>10.3f} {fl / model_flops:>15.3f}")
-        rows.append({"d_model": d_model, "optimizer": n, "whole_ms": whole, "whole_ratio": whole / base_whole,
+        rows.append({"d_model": d_model, "optimizer": n, "whole_ms": whole, "whole_ratio": whole / base_whole, "via_opt": via,
                      "opt_ms": opt, "opt_ratio": opt / base_opt, "opt_gflop": fl / 1e9, "opt_model_flop": fl / model_flops})
     return rows
 
@@ -149,6 +159,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (soap needs 2 to reach its eigenbasis)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     args = ap.parse_args()
