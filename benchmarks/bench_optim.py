@@ -7,17 +7,18 @@ Run (from the repository root, venv active):
     python benchmarks/bench_optim.py --threads 1          # steadier on a busy shared machine
     python benchmarks/bench_optim.py --d-model 512 --layers 8 --repeats 15 --steps 10
 
-Budget (DESIGN.md): rotated_adam's step costs at most 1.5x AdamW's. For each width it builds
-three copies of `study.model.Transformer` (4 blocks, 4 heads, d_mlp 4d, byte vocab 256,
+The budget that matters is on the whole train step (benchmarks/bench_step.py); this one
+isolates the optimiser step. For each width it builds one copy per variant of `study.model.Transformer` (4 blocks, 4 heads, d_mlp 4d, byte vocab 256,
 seq_len 128), gives every parameter a fixed random gradient, builds each optimiser through
-`build_optimizer` (adam, rotated_adam residual, rotated_adam all), and times `opt.step()` in
+`build_optimizer` (adam, rotated_adam residual and all, soap, muon, adafactor, lion), and times `opt.step()` in
 one process, the optimisers interleaved in every repeat so that machine noise hits all alike.
 It prints the median ms per step and the ratio to AdamW, and, for scale, the median forward +
 backward time of one training batch (--batch sequences of seq_len tokens).
 
 RotatedAdam's extra cost is four (residual: about two) dense d x d basis changes per matrix:
-O(d^3) FLOPs per layer against AdamW's O(d^2) memory traffic. The "rotation GFLOP" column
-says how much; on a CPU that arithmetic, not the bookkeeping, sets the ratio.
+O(d^3) FLOPs per layer against AdamW's O(d^2) memory traffic; soap adds its Shampoo factors,
+muon its Newton-Schulz iterations. The "dense GFLOP" column (bench_step.optimizer_flops) says
+how much; on a CPU that arithmetic, not the bookkeeping, sets the ratio.
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ import torch
 
 from study.config import TrialConfig
 from study.model import Transformer
-from study.optim import RotatedAdam, build_optimizer
+from bench_step import optimizer_flops  # benchmarks/ is on sys.path when run as a script
+from study.optim import build_optimizer
 
 VARIANTS = [("adamw", {"name": "adam"}), ("rotated residual", {"name": "rotated_adam", "rotate": "residual"}),
-            ("rotated all", {"name": "rotated_adam", "rotate": "all"})]
+            ("rotated all", {"name": "rotated_adam", "rotate": "all"}), ("soap", {"name": "soap"}), ("muon", {"name": "muon"}),
+            ("adafactor", {"name": "adafactor"}), ("lion", {"name": "lion"})]
 
 
 def config(d_model: int, layers: int, opt: dict, seq_len: int) -> TrialConfig:
@@ -46,16 +49,6 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def rotation_flops(opt: torch.optim.Optimizer) -> float:
-    """FLOPs of the basis changes in one RotatedAdam step (to and from the basis); 0 for others."""
-    if not isinstance(opt, RotatedAdam):
-        return 0.0
-    total = 0.0
-    for p in (p for g in opt.param_groups for p in g["params"]):
-        qo, qi = opt.bases(p)
-        o, i = (p.shape[0], p.numel() // p.shape[0]) if p.ndim >= 2 else (p.numel(), 1)
-        total += 2 * (2 * o * o * i if qo is not None else 0) + 2 * (2 * o * i * i if qi is not None else 0)
-    return total
 
 
 def time_steps(opt: torch.optim.Optimizer, steps: int, device: torch.device) -> float:
@@ -98,10 +91,10 @@ def bench_width(d_model: int, args: argparse.Namespace, device: torch.device) ->
     base = statistics.median(times["adamw"])
     print(f"\nd_model {d_model}, {args.layers} layers, {n_params / 1e6:.2f}M params, device {device}, "
           f"threads {torch.get_num_threads()}, {args.repeats} x {args.steps} steps")
-    print(f"  {'optimiser':<18} {'median ms/step':>15} {'min':>8} {'x adamw':>8} {'rotation GFLOP':>15}")
+    print(f"  {'optimiser':<18} {'median ms/step':>15} {'min':>8} {'x adamw':>8} {'dense GFLOP':>15}")
     for label, ts in times.items():
         med = statistics.median(ts)
-        print(f"  {label:<18} {med:>15.3f} {min(ts):>8.3f} {med / base:>8.2f} {rotation_flops(opts[label]) / 1e9:>15.2f}")
+        print(f"  {label:<18} {med:>15.3f} {min(ts):>8.3f} {med / base:>8.2f} {optimizer_flops(opts[label]) / 1e9:>15.2f}")
     print(f"  (forward+backward, batch {args.batch} x {args.seq_len}: {statistics.median(fb):.1f} ms)")
 
 

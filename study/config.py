@@ -7,6 +7,7 @@ fields that change a result; `runtime` (device, threads, compile) is excluded.
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import math
@@ -17,16 +18,30 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 NormName = Literal["layernorm", "rmsnorm", "rmsnorm_scalar"]
-OptimizerName = Literal["adam", "sgd", "rotated_adam"]
+OptimizerName = Literal["adam", "sgd", "rotated_adam", "soap", "muon", "adafactor", "lion", "signsgd"]
 RotationMode = Literal["none", "shared", "independent", "partial", "groups"]
 
 OPTIMIZER_FAMILY: dict[str, str] = {
     "adam": "per_coordinate",
     "sgd": "rotation_equivariant",
     "rotated_adam": "fixed_random_basis",
+    "soap": "adaptive_basis",
+    "muon": "rotation_equivariant",
+    "adafactor": "per_coordinate",
+    "lion": "per_coordinate",
+    "signsgd": "per_coordinate",
 }
 """Each optimiser's family (a runs column): does its update depend on the coordinate basis?
 per_coordinate, rotation_equivariant, fixed_random_basis or adaptive_basis."""
+
+HIDDEN_MATRICES = ("blocks.0.attn.qkv.weight", "blocks.0.attn.proj.weight", "blocks.0.mlp.fc.weight",
+                   "blocks.0.mlp.proj.weight")
+"""The first block's matrices, by the model's parameter names (a test holds them to the model):
+muon_exclude must leave Muon at least one of them (checked without the model's depth, so that
+the spec loader can name the optimiser entry)."""
+
+
+_BETAS = ("adam", "rotated_adam", "soap", "muon", "lion")  # optimisers that read `betas`
 
 
 INT64_MAX = 2**63 - 1
@@ -160,21 +175,40 @@ class OptimizerConfig(_Frozen):
     """Optimiser and its hyper-parameters (fields that do not apply are ignored)."""
 
     name: OptimizerName
-    """adam (AdamW), sgd (momentum), rotated_adam (Adam moments in a fixed random basis)."""
+    """adam (AdamW), sgd (momentum), rotated_adam (Adam moments in a fixed random basis), soap
+    (Adam in Shampoo's eigenbasis), muon (orthogonalised momentum on hidden matrices, AdamW on
+    the rest), adafactor (factored second moments), lion, signsgd (sign of a momentum)."""
     lr: float = Field(gt=0)
     """Peak learning rate."""
     betas: tuple[float, float] = (0.9, 0.95)
-    """Adam moment decay rates."""
+    """Adam moment decay rates (adam, rotated_adam, soap, muon's AdamW part); lion: the
+    interpolation rate of the update and the momentum's decay rate."""
     eps: float = Field(default=1e-8, gt=0)
     """Adam denominator epsilon."""
     weight_decay: float = Field(default=0.0, ge=0)
-    """Decoupled weight decay (AdamW style for adam/rotated_adam)."""
+    """Decoupled weight decay (AdamW style for every optimiser but sgd), on ndim >= 2 only."""
     momentum: float = Field(default=0.9, ge=0, lt=1)
-    """SGD momentum."""
+    """SGD momentum; signsgd: the decay rate of the momentum whose sign is the update."""
     nesterov: bool = False
     """SGD Nesterov momentum."""
     rotate: Literal["all", "residual"] = "residual"
     """rotated_adam: rotate every dimension, or only those of size d_model."""
+    precondition_frequency: int = Field(default=10, gt=0)
+    """soap: steps between recomputations of the eigenbasis (and at the first step)."""
+    shampoo_beta: float = Field(default=0.95, ge=0, lt=1)
+    """soap: decay rate of Shampoo's factors L = E[G G^T], R = E[G^T G]."""
+    max_precond_dim: int = Field(default=4096, gt=0)
+    """soap: matrix sides longer than this are not preconditioned (identity basis there)."""
+    muon_momentum: float = Field(default=0.95, ge=0, lt=1)
+    """muon: Nesterov momentum of the orthogonalised matrices."""
+    muon_lr_ratio: float = Field(default=1.0, gt=0)
+    """muon: the matrices' peak lr as a multiple of lr (1 under match_rms_adamw, where Muon
+    reuses AdamW's lr; about 7 under original)."""
+    muon_adjust_lr: Literal["match_rms_adamw", "original"] = "match_rms_adamw"
+    """muon: per-shape lr scale: 0.2 sqrt(max(out, in)) (Moonshot) or sqrt(max(1, out/in)) (Keller)."""
+    muon_exclude: tuple[str, ...] = ("tok_emb.*", "pos_emb.*", "unembed.*")
+    """muon: name globs of matrices that AdamW trains instead (embeddings, unembedding);
+    vectors and scalars always go to AdamW."""
 
     @model_validator(mode="after")
     def _check_betas(self) -> OptimizerConfig:
@@ -183,6 +217,14 @@ class OptimizerConfig(_Frozen):
         if self.nesterov and self.momentum == 0:
             raise FieldError("nesterov", "nesterov needs momentum > 0")
         return self
+
+    @field_validator("muon_exclude")
+    @classmethod
+    def _muon_keeps_a_matrix(cls, v: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        if info.data.get("name") == "muon" and all(any(fnmatch.fnmatchcase(n, g) for g in v) for n in HIDDEN_MATRICES):
+            raise ValueError(f"{list(v)} leaves Muon only embedding matrices (it excludes every hidden matrix "
+                             f"of a block: {', '.join(HIDDEN_MATRICES)}); Muon needs at least one per block")
+        return v
 
 
 class DataConfig(_Frozen):
@@ -404,12 +446,13 @@ class TrialConfig(_Frozen):
             "params": self.params, "params_non_embedding": self.params_non_embedding,
             "flops_per_token": self.flops_per_token,
             "optimizer": o.name, "optimizer_family": OPTIMIZER_FAMILY[o.name], "lr": o.lr, "weight_decay": o.weight_decay,
-            "momentum": o.momentum if o.name == "sgd" else None,
-            "eps": o.eps if o.name in ("adam", "rotated_adam") else None,
-            "beta1": o.betas[0] if o.name in ("adam", "rotated_adam") else None,
-            "beta2": o.betas[1] if o.name in ("adam", "rotated_adam") else None,
-            "nesterov": o.nesterov if o.name == "sgd" else None,
+            "momentum": o.momentum if o.name in ("sgd", "signsgd") else o.muon_momentum if o.name == "muon" else None,
+            "eps": o.eps if o.name in ("adam", "rotated_adam", "soap", "muon") else None,
+            "beta1": o.betas[0] if o.name in _BETAS else None,
+            "beta2": o.betas[1] if o.name in _BETAS else None,
+            "nesterov": o.nesterov if o.name == "sgd" else True if o.name == "muon" else None,
             "rotate": o.rotate if o.name == "rotated_adam" else None,
+            "precondition_frequency": o.precondition_frequency if o.name == "soap" else None,
             "norm": self.norm, "rotation": self.rotation.mode,
             "group_size": self.rotation.group_size,
             "rotation_groups": (json.dumps([list(g) for g in self.rotation.groups], separators=(",", ":"))

@@ -15,6 +15,13 @@
   step for step. `rotate="residual"` rotates only dimensions of size d_model (never a
   vocabulary or position index); `rotate="all"` rotates every dimension.
 
+- `soap`: `SOAP`, RotatedAdam whose bases are the eigenvectors of Shampoo's factors
+  E[G G^T], E[G^T G], recomputed every `precondition_frequency` steps (adaptive basis).
+- `muon`: `MuonAdamW`, torch Muon (Newton-Schulz-orthogonalised Nesterov momentum) on the
+  hidden matrices, torch AdamW on embeddings, unembedding, gains (`muon_exclude` says which).
+- `adafactor`: torch Adafactor (factored second moments, relative step size).
+- `lion`: `Lion`, sign of an interpolated momentum; `signsgd`: `Lion` with b1 = b2 = momentum.
+
 Weight decay, for every optimiser, applies only to parameters with ndim >= 2 (nanoGPT's two
 groups). Every group's "lr" is the peak lr; a scheduler elsewhere rewrites group["lr"] each
 step and `RotatedAdam.step` reads it there. Bases are drawn from the trial seed and the
@@ -24,6 +31,7 @@ so the same trial always gets the same bases.
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -35,7 +43,10 @@ from study.config import TrialConfig
 from study.rotation import generator_for, random_orthogonal
 
 __all__ = [
+    "Lion",
+    "MuonAdamW",
     "RotatedAdam",
+    "SOAP",
     "build_optimizer",
     "decay_groups",
     "index_dims",
@@ -96,9 +107,10 @@ def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
-def build_optimizer(cfg: TrialConfig, model: nn.Module) -> torch.optim.Optimizer:
+def build_optimizer(cfg: TrialConfig, model: nn.Module) -> torch.optim.Optimizer | MuonAdamW:
     """The optimiser named by cfg.optimizer.name, over `model`'s trainable parameters in two
-    groups (weight decay on ndim >= 2 only). Group "lr" starts at the peak lr."""
+    groups (weight decay on ndim >= 2 only; muon: its matrices, then AdamW's two groups).
+    Group "lr" starts at the peak lr."""
     o = cfg.optimizer
     groups = decay_groups(model, o.weight_decay)
     if o.name == "adam":
@@ -111,6 +123,18 @@ def build_optimizer(cfg: TrialConfig, model: nn.Module) -> torch.optim.Optimizer
             rotate=o.rotate, d_model=cfg.model.d_model, seed=cfg.seed,
             index_dims=index_dims(model, cfg.vocab_size),
         )
+    if o.name == "soap":
+        return SOAP(groups, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay, shampoo_beta=o.shampoo_beta,
+                    precondition_frequency=o.precondition_frequency, max_precond_dim=o.max_precond_dim, seed=cfg.seed)
+    if o.name == "muon":
+        return muon_adamw(model, lr=o.lr, lr_ratio=o.muon_lr_ratio, momentum=o.muon_momentum, adjust_lr=o.muon_adjust_lr,
+                          betas=o.betas, eps=o.eps, weight_decay=o.weight_decay, exclude=o.muon_exclude)
+    if o.name == "adafactor":
+        return torch.optim.Adafactor(groups, lr=o.lr, weight_decay=o.weight_decay)
+    if o.name == "lion":
+        return Lion(groups, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
+    if o.name == "signsgd":
+        return Lion(groups, lr=o.lr, betas=(o.momentum, o.momentum), weight_decay=o.weight_decay)
     raise ValueError(f"optimizer.name: unknown optimiser {o.name!r}")
 
 
@@ -131,6 +155,8 @@ class _Bucket:
     offset: int  # where `step` starts in that vector
     basis_out: Tensor | None  # (K, out, out) or (K, n, n) for vectors
     basis_in: Tensor | None  # (K, in, in)
+    gg_out: Tensor | None = None  # SOAP: (K, out, out) Shampoo factor L = E[G G^T]
+    gg_in: Tensor | None = None  # SOAP: (K, in, in) Shampoo factor R = E[G^T G]
 
 
 def _shape2(p: Tensor) -> tuple[int, ...]:
@@ -394,7 +420,9 @@ class RotatedAdam(torch.optim.Optimizer):
         for (b, sl, grads), (ns, bc) in zip(parts, scales):
             k = len(grads)
             bshape = (k,) + (1,) * len(b.shape2)
-            g_t.append(_to_basis(torch.stack([g.reshape(b.shape2) for g in grads]), _side(b.basis_out, sl), _side(b.basis_in, sl)))
+            g = torch.stack([g.reshape(b.shape2) for g in grads])
+            self._precondition(b, sl, g)
+            g_t.append(_to_basis(g, _side(b.basis_out, sl), _side(b.basis_in, sl)))
             ms.append(b.exp_avg[sl])
             vs.append(b.exp_avg_sq[sl])
             nss.append(ns.to(b.exp_avg.dtype).view(bshape))
@@ -414,6 +442,9 @@ class RotatedAdam(torch.optim.Optimizer):
             u = _from_basis(u, _side(b.basis_out, sl), _side(b.basis_in, sl))
             out += [u_k.view(p.shape) for u_k, p in zip(u.unbind(0), b.params[sl])]
         return out
+
+    def _precondition(self, b: _Bucket, sl: slice, g: Tensor) -> None:
+        """Hook before the basis change (SOAP updates its factors and bases here); bases are fixed."""
 
 
 def _side(basis: Tensor | None, sl: slice) -> Tensor | None:
@@ -461,3 +492,262 @@ def _keyed(table: Mapping[BasisKey, Any] | None) -> dict[tuple[str, Any], Any]:
         else:
             out[("name", key)] = value
     return out
+
+
+# ---- SOAP -----------------------------------------------------------------------------------
+
+
+class SOAP(RotatedAdam):
+    """Adam in the eigenbasis of Shampoo's preconditioner (Vyas et al. 2024, "SOAP").
+
+    For a matrix W (out x in) with gradient G, every step updates Shampoo's factors
+
+        L <- s L + (1 - s) G G^T ;  R <- s R + (1 - s) G^T G          # s = shampoo_beta
+
+    The first step only does that (as the reference: a gradient never projects itself); then
+    Qo, Qi = eigenvectors of L, R (eigh, descending), and after every `precondition_frequency`
+    Adam steps they are refined as the reference does: sort the columns by diag(Q^T L Q), one
+    power iteration L Q, QR. RotatedAdam's step runs in (Qo, Qi). On a refinement the first
+    moment is carried into the new basis exactly; the second moment is permuted with the
+    columns and otherwise kept (the paper's approximation). Vectors, scalars and sides longer
+    than `max_precond_dim` are not preconditioned (plain Adam there), the reference's defaults.
+    `precondition_frequency=None` freezes the bases at their start (identity, or explicit
+    `bases`) and skips nothing: then this is RotatedAdam with those bases.
+
+    Ours versus nikhilvyas/SOAP: batched per shape bucket (RotatedAdam's machinery); a basis is
+    refreshed at the start of the step after the reference would refresh it (same factors).
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 3e-3,
+        betas: tuple[float, float] = (0.9, 0.95),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        *,
+        shampoo_beta: float = 0.95,
+        precondition_frequency: int | None = 10,
+        max_precond_dim: int = 4096,
+        seed: int = 0,
+        bases: Mapping[BasisKey, Any] | None = None,
+    ) -> None:
+        if precondition_frequency is not None and precondition_frequency < 1:
+            raise ValueError(f"precondition_frequency must be >= 1 (or None: frozen bases), got {precondition_frequency}")
+        if not 0 <= shampoo_beta < 1:
+            raise ValueError(f"shampoo_beta must lie in [0, 1), got {shampoo_beta}")
+        self.shampoo_beta = shampoo_beta
+        self.precondition_frequency = precondition_frequency
+        self.max_precond_dim = max_precond_dim
+        self._refresh: str | None = None  # this step's basis refresh: None, "eigh" or "qr"
+        super().__init__(params, lr, betas, eps, weight_decay, rotate="all", seed=seed, bases=bases)
+
+    def _make_bases(self, p: Tensor, index: int, name: str) -> tuple[Tensor | None, Tensor | None]:
+        explicit = self._lookup(self._bases, p, index, name, default=_MISSING)
+        if explicit is not _MISSING:
+            return self._check_explicit(explicit, _shape2(p), p, name)
+        shape2 = _shape2(p)
+        if len(shape2) < 2:
+            return None, None
+        eye = [torch.eye(n, dtype=p.dtype, device=p.device) if n <= self.max_precond_dim else None for n in shape2]
+        return eye[0], eye[1]
+
+    def _init_state(self) -> None:
+        super()._init_state()
+        for group in self.param_groups:
+            group.setdefault("soap_step", 0)  # a plain int: deciding a refresh needs no host sync
+            for p in group["params"]:
+                s = self.state[p]
+                if "gg_out" not in s:
+                    s["gg_out"] = None if s["basis_out"] is None else torch.zeros_like(s["basis_out"])
+                    s["gg_in"] = None if s["basis_in"] is None else torch.zeros_like(s["basis_in"])
+
+    def _build_buckets(self) -> None:
+        super()._build_buckets()
+        for b in self._buckets:  # the factors stacked like the bases; state entries become views
+            st = [self.state[p] for p in b.params]
+            for key in ("gg_out", "gg_in"):
+                if getattr(b, "basis_" + key[3:]) is not None:
+                    stacked = torch.stack([s[key].to(device=b.exp_avg.device, dtype=b.exp_avg.dtype) for s in st])
+                    setattr(b, key, stacked)
+                    for i, s in enumerate(st):
+                        s[key] = stacked[i]
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        """One update; the very first step (unless frozen) only accumulates the factors."""
+        if self.precondition_frequency is None or all(g["soap_step"] > 0 for g in self.param_groups):
+            return super().step(closure)
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._refresh = None
+        for gi, group in enumerate(self.param_groups):
+            group["soap_step"] += 1
+            for b in (b for b in self._buckets if b.group == gi):
+                for k, p in enumerate(b.params):
+                    if p.grad is not None:
+                        self._precondition(b, slice(k, k + 1), p.grad.reshape((1,) + b.shape2))
+        return loss
+
+    def _update(self, gi: int, group: dict[str, Any], parts: list[tuple[_Bucket, slice, list[Tensor]]], whole: bool) -> list[Tensor]:
+        self._refresh = None
+        if self.precondition_frequency is not None:
+            group["soap_step"] += 1
+            adam_steps = group["soap_step"] - 2  # Adam steps taken before this one
+            self._refresh = "eigh" if adam_steps == 0 else "qr" if adam_steps % self.precondition_frequency == 0 else None
+        return super()._update(gi, group, parts, whole)
+
+    def _precondition(self, b: _Bucket, sl: slice, g: Tensor) -> None:
+        """Refresh the bases from the factors if due, then add G's outer products to them."""
+        if self.precondition_frequency is None or g.ndim != 3 or (b.gg_out is None and b.gg_in is None):
+            return
+        if self._refresh is not None:
+            self._refresh_bases(b, sl)
+        s = self.shampoo_beta
+        if b.gg_out is not None:
+            b.gg_out[sl].baddbmm_(g, g.mT, beta=s, alpha=1 - s)
+        if b.gg_in is not None:
+            b.gg_in[sl].baddbmm_(g.mT, g, beta=s, alpha=1 - s)
+
+    def _refresh_bases(self, b: _Bucket, sl: slice) -> None:
+        qo, qi = _side(b.basis_out, sl), _side(b.basis_in, sl)
+        m = _from_basis(b.exp_avg[sl], qo, qi)  # first moment back in the parameter basis
+        v = b.exp_avg_sq[sl]
+        for dim, q, gg in ((1, qo, b.gg_out), (2, qi, b.gg_in)):
+            if q is None:
+                continue
+            if self._refresh == "eigh":  # float64: float32 eigh fails on rank-deficient factors
+                f = gg[sl].to(torch.float64)
+                f.diagonal(dim1=-2, dim2=-1).add_(1e-30)
+                q.copy_(torch.linalg.eigh(f).eigenvectors.flip(-1))  # descending eigenvalues
+                continue
+            # Sort the columns by estimated eigenvalue (v's coordinates follow), then one power
+            # iteration and QR: each column stays close to its predecessor, so v still fits.
+            est = torch.einsum("kij,kij->kj", q, torch.bmm(gg[sl], q))  # diag(Q^T L Q)
+            order = est.argsort(dim=-1, descending=True)
+            v.copy_(v.take_along_dim(order.unsqueeze(3 - dim), dim=dim))
+            q.copy_(torch.linalg.qr(torch.bmm(gg[sl], q.take_along_dim(order.unsqueeze(1), dim=2))).Q)
+        b.exp_avg[sl] = _to_basis(m, qo, qi)
+
+
+# ---- sign methods ---------------------------------------------------------------------------
+
+
+class Lion(torch.optim.Optimizer):
+    """Lion (Chen et al. 2023): the update is the sign of an interpolated momentum.
+
+        u = sign(b1 m + (1 - b1) G) ;  W <- W (1 - lr wd) - lr u ;  m <- b2 m + (1 - b2) G
+
+    With b1 = b2 = mu it is signSGD with momentum: u = sign(m_t), m_t = mu m + (1 - mu) G
+    (`build_optimizer`'s "signsgd"). Every coordinate moves by exactly lr: maximally
+    per-coordinate.
+    """
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99),
+                 weight_decay: float = 0.0) -> None:
+        if not lr > 0:
+            raise ValueError(f"lr must be positive, got {lr}")
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"betas must lie in [0, 1), got {betas}")
+        if weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            ps = [p for p in group["params"] if p.grad is not None]
+            if not ps:
+                continue
+            (b1, b2), lr, wd = group["betas"], group["lr"], group["weight_decay"]
+            grads = [p.grad for p in ps]
+            ms = []
+            for p in ps:
+                if "exp_avg" not in self.state[p]:
+                    self.state[p]["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                ms.append(self.state[p]["exp_avg"])
+            u = torch._foreach_lerp(ms, grads, 1 - b1)
+            torch._foreach_sign_(u)
+            if wd != 0:
+                torch._foreach_mul_(ps, 1 - lr * wd)
+            torch._foreach_add_(ps, u, alpha=-lr)
+            torch._foreach_lerp_(ms, grads, 1 - b2)
+        return loss
+
+
+# ---- Muon on the hidden matrices, AdamW on the rest -----------------------------------------
+
+
+class MuonAdamW:
+    """torch.optim.Muon on the hidden 2-D matrices, torch AdamW on everything else, as one
+    optimiser: `param_groups` lists Muon's groups then AdamW's (the same dicts, so a scheduler
+    writing group["lr"] reaches both); Muon's groups carry "lr_ratio", the multiple of that lr
+    they step with. state_dict() holds both."""
+
+    def __init__(self, muon: torch.optim.Optimizer, adamw: torch.optim.Optimizer | None) -> None:
+        self.muon, self.adamw = muon, adamw
+        self._parts = [o for o in (muon, adamw) if o is not None]
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return [g for o in self._parts for g in o.param_groups]
+
+    @property
+    def state(self) -> dict[Tensor, Any]:
+        return {p: s for o in self._parts for p, s in o.state.items()}
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        peaks = [g["lr"] for g in self.muon.param_groups]
+        for g in self.muon.param_groups:
+            g["lr"] = g["lr"] * g["lr_ratio"]
+        try:
+            self.muon.step()
+        finally:
+            for g, lr in zip(self.muon.param_groups, peaks):
+                g["lr"] = lr
+        if self.adamw is not None:
+            self.adamw.step()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for o in self._parts:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"muon": self.muon.state_dict(), "adamw": None if self.adamw is None else self.adamw.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.muon.load_state_dict(state_dict["muon"])
+        if self.adamw is not None:
+            self.adamw.load_state_dict(state_dict["adamw"])
+
+
+def muon_adamw(model: nn.Module, *, lr: float, lr_ratio: float = 1.0, momentum: float = 0.95,
+               adjust_lr: str = "match_rms_adamw", betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
+               weight_decay: float = 0.0, exclude: Sequence[str] = ()) -> MuonAdamW:
+    """Muon for every trainable 2-D parameter whose name matches no glob in `exclude`, AdamW
+    (decay on ndim >= 2 only) for the rest. Raises ValueError when Muon would get nothing."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    matrices = [(n, p) for n, p in named if p.ndim == 2 and not any(fnmatch.fnmatchcase(n, g) for g in exclude)]
+    if not matrices:
+        raise ValueError(f"optimizer.muon_exclude: no 2-D parameter is left for Muon (excluded: {list(exclude)}; "
+                         f"2-D parameters: {[n for n, p in named if p.ndim == 2]})")
+    taken = {id(p) for _, p in matrices}
+    rest = [(n, p) for n, p in named if id(p) not in taken]
+    muon = torch.optim.Muon([{"params": matrices, "lr_ratio": lr_ratio}], lr=lr, weight_decay=weight_decay,
+                            momentum=momentum, nesterov=True, adjust_lr_fn=adjust_lr)
+    groups = [g for g in ({"params": [(n, p) for n, p in rest if p.ndim >= 2], "weight_decay": weight_decay},
+                          {"params": [(n, p) for n, p in rest if p.ndim < 2], "weight_decay": 0.0}) if g["params"]]
+    adamw = torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay) if groups else None
+    return MuonAdamW(muon, adamw)

@@ -56,3 +56,52 @@ def test_bad_query_exits_2(tmp_path):
     invoke("train", SMOKE, "--trial", "0", "--results", tmp_path)
     result = invoke("query", tmp_path / "smoke", "SELEKT nonsense")
     assert result.exit_code == 2 and "Traceback" not in result.output
+
+
+OPTIMISER_SPEC = """name: optims
+data: {corpus: stdlib, seq_len: 16}
+train: {steps: 4, batch_size: 4, eval_every: 4, eval_batch: {sequences: 2}, checkpoint_every: 0, invariance_check: false}
+grid:
+  model: [{d_model: 16, n_layers: 1, n_heads: 2}]
+  optimizer:
+    - {name: adam, lr: 3.0e-3}
+    - {name: soap, lr: 3.0e-3, precondition_frequency: 2}
+    - {name: muon, lr: 3.0e-3}
+    - {name: adafactor, lr: 1.0e-2}
+    - {name: lion, lr: 3.0e-4}
+    - {name: signsgd, lr: 3.0e-4}
+  norm: [rmsnorm]
+  rotation: [none]
+  seed: [0]
+resources: {cpu: 1}
+"""
+
+
+def test_sweep_train_runs_each_optimiser(tmp_path):
+    spec = tmp_path / "optims.yaml"
+    spec.write_text(OPTIMISER_SPEC)
+    for i in range(1, 6):
+        result = invoke("train", spec, "--trial", i, "--results", tmp_path / "results")
+        assert result.exit_code == 0, result.output
+        assert "done: val loss" in result.output
+    q = invoke("query", tmp_path / "results" / "optims",
+               "SELECT optimizer, optimizer_family, precondition_frequency FROM runs ORDER BY optimizer")
+    assert q.exit_code == 0, q.output
+    for name in ("adafactor", "lion", "muon", "signsgd", "soap", "adaptive_basis", "rotation_equivariant"):
+        assert name in q.output
+
+
+@pytest.mark.parametrize("bad, where", [
+    ("precondition_frequency: 2}", "grid.optimizer[1].precondition_frequency: Input should be greater than 0 (line 8)"),
+    ("name: muon, lr: 3.0e-3}", "grid.optimizer[2].muon_exclude: ['*'] leaves Muon only embedding matrices"),
+])
+def test_bad_optimiser_options_exit_2_located(tmp_path, bad, where):
+    spec = tmp_path / "bad.yaml"
+    fix = {"precondition_frequency: 2}": "precondition_frequency: 0}",
+           "name: muon, lr: 3.0e-3}": "name: muon, lr: 3.0e-3, muon_exclude: ['*']}"}[bad]
+    spec.write_text(OPTIMISER_SPEC.replace(bad, fix))
+    result = invoke("plan", spec, "--results", tmp_path / "results")
+    assert result.exit_code == 2, result.output
+    assert where in result.output, result.output
+    assert ("(line 8)" if "precondition" in where else "(line 9)") in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "results").exists()

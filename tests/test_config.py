@@ -54,6 +54,8 @@ def test_steps_from_tokens_per_param():
     (dict(rotation={"mode": "partial", "group_size": 3}), "rotation.group_size"),
     (dict(train={"steps": 10, "tokens": 100}), "train"),
     (dict(train={"steps": 10, "learning_rate": 1}), "train.learning_rate"),
+    (dict(optimizer={"name": "soap", "lr": 1e-3, "precondition_frequency": 0}), "optimizer.precondition_frequency"),
+    (dict(optimizer={"name": "muon", "lr": 1e-3, "muon_exclude": ["*emb*", "blocks.*"]}), "optimizer.muon_exclude"),
 ])
 def test_bad_configs_name_the_field(bad, field):
     with pytest.raises(ValidationError) as info:
@@ -95,3 +97,13 @@ def test_cross_field_errors_name_their_field():
         make(train={"steps": 10, "eval_batch": {"seq_len": 999}})
     (err,) = info.value.errors()
     assert err["ctx"]["error"].loc == ("train", "eval_batch", "seq_len")
+
+
+def test_every_optimizer_has_a_family_and_muon_exclude_only_binds_muon():
+    from typing import get_args
+
+    from study.config import OPTIMIZER_FAMILY, OptimizerConfig, OptimizerName
+    assert set(OPTIMIZER_FAMILY) == set(get_args(OptimizerName))
+    assert set(OPTIMIZER_FAMILY.values()) == {"per_coordinate", "rotation_equivariant", "fixed_random_basis", "adaptive_basis"}
+    assert OptimizerConfig(name="adam", lr=1e-3, muon_exclude=["*"]).muon_exclude == ("*",)  # ignored there
+    assert OptimizerConfig(name="muon", lr=1e-3, muon_exclude=["blocks.*.attn.*"]).name == "muon"  # MLPs remain

@@ -1,4 +1,6 @@
-"""Tests for study.optim: build_optimizer's name map and RotatedAdam's maths, bases and state."""
+"""Tests for study.optim: build_optimizer's name map, RotatedAdam's maths, bases and state, and
+what defines each of soap, muon, adafactor, lion, signsgd (a reference formula on a small case,
+and rotation equivariance where the optimiser should have it)."""
 
 from __future__ import annotations
 
@@ -10,9 +12,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from study.config import TrialConfig
+from study.config import HIDDEN_MATRICES, TrialConfig
 from study.model import Transformer
-from study.optim import RotatedAdam, build_optimizer, decay_groups, index_dims
+from study.optim import SOAP, Lion, MuonAdamW, RotatedAdam, build_optimizer, decay_groups, index_dims
 from study.rotation import generator_for, random_orthogonal
 
 F64 = torch.float64
@@ -241,7 +243,8 @@ def test_bad_explicit_bases_and_missing_d_model_are_rejected() -> None:
 # ---- build_optimizer ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name, cls", [("adam", torch.optim.AdamW), ("sgd", torch.optim.SGD), ("rotated_adam", RotatedAdam)])
+@pytest.mark.parametrize("name, cls", [("adam", torch.optim.AdamW), ("sgd", torch.optim.SGD), ("rotated_adam", RotatedAdam),
+                                       ("soap", SOAP), ("adafactor", torch.optim.Adafactor), ("lion", Lion), ("signsgd", Lion)])
 def test_build_optimizer_classes_and_decay_groups(name: str, cls: type) -> None:
     cfg = trial(name, weight_decay=0.1, nesterov=True) if name == "sgd" else trial(name, weight_decay=0.1)
     model = Transformer.from_config(cfg)
@@ -254,6 +257,10 @@ def test_build_optimizer_classes_and_decay_groups(name: str, cls: type) -> None:
     assert all(g["lr"] == cfg.optimizer.lr for g in opt.param_groups)  # the peak; a scheduler sets it
     if name == "sgd":
         assert decay["momentum"] == 0.9 and decay["nesterov"] is True
+    elif name == "signsgd":
+        assert decay["betas"] == (0.9, 0.9)
+    elif name in ("lion", "adafactor"):
+        assert decay["betas" if name == "lion" else "beta2_decay"] == ((0.9, 0.95) if name == "lion" else -0.8)
     else:
         assert decay["betas"] == (0.9, 0.95) and decay["eps"] == 1e-8
 
@@ -285,9 +292,10 @@ def train_steps(cfg: TrialConfig, model, opt, start: int, stop: int) -> None:
         opt.zero_grad(set_to_none=True)
 
 
-@pytest.mark.parametrize("name", ["adam", "sgd", "rotated_adam"])
+@pytest.mark.parametrize("name", ["adam", "sgd", "rotated_adam", "soap", "muon", "adafactor", "lion", "signsgd"])
 def test_state_dict_round_trip_continues_identically(name: str) -> None:
-    cfg = trial(name, weight_decay=0.1, seed=3)
+    extra = {"precondition_frequency": 2} if name == "soap" else {}  # a refresh after the resume
+    cfg = trial(name, weight_decay=0.1, seed=3, **extra)
     model = Transformer.from_config(cfg)
     opt = build_optimizer(cfg, model)
     train_steps(cfg, model, opt, 0, 3)
@@ -297,7 +305,7 @@ def test_state_dict_round_trip_continues_identically(name: str) -> None:
 
     buf.seek(0)
     saved = torch.load(buf, weights_only=False)
-    other = trial(name, weight_decay=0.1, seed=4)  # a different seed: the loaded bases must win
+    other = trial(name, weight_decay=0.1, seed=4, **extra)  # a different seed: the loaded bases must win
     resumed = Transformer.from_config(other)
     resumed.load_state_dict(saved["model"])
     opt2 = build_optimizer(other, resumed)
@@ -305,7 +313,7 @@ def test_state_dict_round_trip_continues_identically(name: str) -> None:
     train_steps(cfg, resumed, opt2, 3, 6)
     for (n, p), q in zip(model.named_parameters(), resumed.parameters()):
         assert torch.equal(p, q), n
-    if name == "rotated_adam":  # and the loaded state is decoupled from the saved dict
+    if name in ("rotated_adam", "soap"):  # and the loaded state is decoupled from the saved dict
         before = saved["optim"]["state"][0]["exp_avg"].clone()
         train_steps(cfg, resumed, opt2, 6, 7)
         assert torch.equal(saved["optim"]["state"][0]["exp_avg"], before)
@@ -364,3 +372,263 @@ def test_cuda_step_has_no_host_sync() -> None:
         opt.step()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+# ---- soap: Adam in Shampoo's eigenbasis -----------------------------------------------------
+
+
+def test_soap_frozen_at_identity_is_adam() -> None:
+    """precondition_frequency=None freezes the start bases (identity on matrices): torch AdamW."""
+    a, b = toy_params(SHAPES), toy_params(SHAPES)
+    ours = SOAP(a, lr=3e-2, weight_decay=0.1, precondition_frequency=None)
+    assert ours.bases(a[0])[0].shape == (6, 6)  # real identity matmuls, not skipped
+    ref = torch.optim.AdamW(b, lr=3e-2, betas=(0.9, 0.95), weight_decay=0.1)
+    run(a, ours, 15)
+    run(b, ref, 15)
+    for p, q in zip(a, b):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-12)
+
+
+def test_soap_frozen_at_random_bases_is_rotated_adam() -> None:
+    a, b = toy_params(SHAPES), toy_params(SHAPES)
+    bases = {0: (haar(6, "o0"), haar(4, "i0")), 1: (haar(6, "o1"), None), 6: (None, haar(6, "i6"))}
+    ours = SOAP(a, lr=3e-2, weight_decay=0.1, precondition_frequency=None, bases=bases)
+    ref = RotatedAdam(b, lr=3e-2, weight_decay=0.1, bases={**{i: None for i in range(len(b))}, **bases})
+    run(a, ours, 15)
+    run(b, ref, 15)
+    for p, q in zip(a, b):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-12)
+
+
+def square_problem():
+    """A 5 x 5 matrix problem and its rotated copy: G G^T and G^T G have full rank, so their
+    eigenbases are unique (a rank-deficient factor's null-space basis is arbitrary, and two
+    correct implementations may pick different ones)."""
+    gen = torch.Generator().manual_seed(11)
+    x, y = torch.randn(5, 12, generator=gen, dtype=F64), torch.randn(5, 12, generator=gen, dtype=F64)
+    scale = torch.linspace(0.1, 2.0, 25, dtype=F64).view(5, 5)
+
+    def f(ps):
+        return torch.log(torch.cosh(ps[0] @ x - y)).sum() + ((scale * ps[0]) ** 4).sum()
+
+    po, pi = haar(5, "Po5"), haar(5, "Pi5")
+    return f, (lambda ps: f([po.T @ ps[0] @ pi])), po, pi, torch.randn(5, 5, generator=gen, dtype=F64)
+
+
+def soap_reference(w: torch.Tensor, loss, steps: int, lr: float, freq: int, b1=0.9, b2=0.95, s=0.95, eps=1e-8) -> torch.Tensor:
+    """SOAP on one matrix, written out as nikhilvyas/SOAP orders it: the first step only builds
+    the factors and eigh bases; each later step is Adam in the basis (m carried exactly), then
+    the factors, then every `freq` Adam steps: sort the columns (v follows), L Q, QR."""
+    w = w.clone().requires_grad_()
+    o, i = w.shape
+    L, R = torch.zeros(o, o, dtype=F64), torch.zeros(i, i, dtype=F64)
+    m, v = torch.zeros(o, i, dtype=F64), torch.zeros(o, i, dtype=F64)
+    qo = qi = None
+    for call in range(steps):
+        w.grad = None
+        loss([w]).backward()
+        g = w.grad
+        t = call  # Adam steps after this one
+        if call > 0:
+            gt = qo.T @ g @ qi
+            m, v = b1 * m + (1 - b1) * gt, b2 * v + (1 - b2) * gt**2
+            u = (m / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt() + eps)
+            with torch.no_grad():
+                w -= lr * qo @ u @ qi.T
+        L, R = s * L + (1 - s) * g @ g.T, s * R + (1 - s) * g.T @ g
+        if call == 0:
+            qo, qi = (torch.linalg.eigh(f + 1e-30 * torch.eye(len(f), dtype=F64)).eigenvectors.flip(-1) for f in (L, R))
+        elif t % freq == 0:
+            m_param = qo @ m @ qi.T
+            ko = torch.diag(qo.T @ L @ qo).argsort(descending=True)
+            v, qo = v[ko], torch.linalg.qr(L @ qo[:, ko]).Q
+            ki = torch.diag(qi.T @ R @ qi).argsort(descending=True)
+            v, qi = v[:, ki], torch.linalg.qr(R @ qi[:, ki]).Q
+            m = qo.T @ m_param @ qi
+    return w.detach()
+
+
+def test_soap_matches_its_written_out_reference() -> None:
+    # The first Adam step sees the gradient the bases were built from (W has not moved), so in
+    # the basis it is diagonal plus rounding noise that eps = 1e-8 would blow up to ~1e-5; a
+    # large eps keeps the comparison about the algorithm.
+    loss, _, _, _, w0 = square_problem()
+    expect = soap_reference(w0, loss, steps=10, lr=3e-2, freq=3, eps=1e-2)
+    w = [w0.clone().requires_grad_()]
+    opt = SOAP(w, lr=3e-2, precondition_frequency=3, eps=1e-2)
+    run(w, opt, 1, loss=loss)
+    assert torch.equal(w[0], w0)  # the first step only builds the factors
+    run(w, opt, 9, loss=loss)
+    torch.testing.assert_close(w[0], expect, rtol=0, atol=1e-9)
+    assert (expect - w0).norm() > 0.1
+
+
+def test_soap_refinement_sorts_the_basis_and_the_second_moment_with_it() -> None:
+    """A refinement orders the columns by diag(Q^T L Q), descending, and v's coordinates follow."""
+    w = torch.zeros(3, 2, dtype=F64, requires_grad=True)
+    opt = SOAP([w], precondition_frequency=1)
+    (b,) = opt._buckets
+    b.gg_out[0] = torch.diag(torch.tensor([1.0, 2.0, 3.0], dtype=F64))  # identity basis: ascending
+    b.gg_in[0] = torch.diag(torch.tensor([5.0, 4.0], dtype=F64))  # already descending
+    b.exp_avg_sq[0] = torch.arange(6, dtype=F64).view(3, 2)
+    opt._refresh = "qr"
+    opt._refresh_bases(b, slice(None))
+    torch.testing.assert_close(b.exp_avg_sq[0], torch.tensor([[4.0, 5.0], [2.0, 3.0], [0.0, 1.0]], dtype=F64))
+    torch.testing.assert_close(b.basis_out[0].abs(), torch.eye(3, dtype=F64).flip(1), rtol=0, atol=1e-15)
+    torch.testing.assert_close(b.basis_in[0].abs(), torch.eye(2, dtype=F64), rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("freq", [1, 3])
+def test_soap_is_equivariant_on_matrices(freq: int) -> None:
+    """Its bases follow the gradients' rotation (L' = Po L Po^T), so the whole run rotates."""
+    f, g, po, pi, w0 = square_problem()
+    a, b = [w0.clone().requires_grad_()], [(po @ w0 @ pi.T).requires_grad_()]
+    # eps 1e-2: see test_soap_matches_its_written_out_reference (rounding noise, not the basis)
+    run(a, SOAP(a, lr=3e-2, eps=1e-2, weight_decay=0.1, precondition_frequency=freq), 20, loss=f)
+    run(b, SOAP(b, lr=3e-2, eps=1e-2, weight_decay=0.1, precondition_frequency=freq), 20, loss=g)
+    assert (a[0] - w0).norm() > 0.1
+    torch.testing.assert_close(b[0], po @ a[0] @ pi.T, rtol=0, atol=1e-8)
+
+
+def test_soap_skips_long_sides_and_vectors() -> None:
+    w, c = torch.zeros(8, 3, requires_grad=True), torch.zeros(8, requires_grad=True)
+    opt = SOAP([w, c], max_precond_dim=4)
+    assert opt.bases(w)[0] is None and opt.bases(w)[1].shape == (3, 3) and opt.bases(c) == (None, None)
+    with pytest.raises(ValueError, match="precondition_frequency"):
+        SOAP([w], precondition_frequency=0)
+
+
+# ---- sign methods, sgd, adafactor -------------------------------------------------------------
+
+
+def test_lion_and_signsgd_match_their_formulas() -> None:
+    lr, wd, (b1, b2), mu = 1e-2, 0.1, (0.9, 0.99), 0.8
+    a, b, c = toy_params(SHAPES), toy_params(SHAPES), toy_params(SHAPES)
+    run(a, Lion(a, lr=lr, betas=(b1, b2), weight_decay=wd), 6)
+    c = [torch.nn.Parameter(p.detach()) for p in c]
+    run(c, build_optimizer(trial("signsgd", momentum=mu, weight_decay=wd), torch.nn.ParameterList(c)), 6)
+    ms = [torch.zeros_like(p) for p in b]
+    hb = [torch.zeros_like(p) for p in b]  # signsgd's reference: heavy-ball sum mu h + g, same sign
+    ref_c = [p.detach().clone().requires_grad_() for p in toy_params(SHAPES)]
+    for _ in range(6):
+        for ps, rule in ((b, "lion"), (ref_c, "signsgd")):
+            for p in ps:
+                p.grad = None
+            toy_loss(ps).backward()
+            with torch.no_grad():
+                for k, p in enumerate(ps):
+                    if rule == "lion":
+                        u = (b1 * ms[k] + (1 - b1) * p.grad).sign()
+                        ms[k] = b2 * ms[k] + (1 - b2) * p.grad
+                        p.mul_(1 - lr * wd).sub_(lr * u)
+                    else:
+                        hb[k] = mu * hb[k] + p.grad
+                        p.mul_(1 - 1e-2 * wd if p.ndim >= 2 else 1).sub_(1e-2 * hb[k].sign())
+    for p, q in zip(a, b):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-12)
+    for p, q in zip(c, ref_c):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-12)
+
+
+def adafactor_reference(w: torch.Tensor, loss, steps: int, lr: float, d=1.0, eps1=None, eps2=1e-3, decay=-0.8) -> torch.Tensor:
+    """Adafactor on one matrix (torch's documented algorithm, no momentum): factored second moment
+    V = r c^T / mean(r), relative step max(eps2, RMS(W)) min(lr, 1/sqrt(t)), update clipping d."""
+    w = w.clone().requires_grad_()
+    eps1 = torch.finfo(w.dtype).eps if eps1 is None else eps1
+    r, c = torch.zeros(w.shape[0], 1, dtype=F64), torch.zeros(1, w.shape[1], dtype=F64)
+    for t in range(1, steps + 1):
+        w.grad = None
+        loss([w]).backward()
+        g = w.grad
+        beta2 = 1 - t**decay
+        r = beta2 * r + (1 - beta2) * (g**2).mean(1, keepdim=True)
+        c = beta2 * c + (1 - beta2) * (g**2).mean(0, keepdim=True)
+        v = r @ c / r.mean().clamp(min=eps1)
+        u = g / v.clamp(min=eps1**2).sqrt()
+        alpha = max(eps2, float(w.detach().pow(2).mean().sqrt())) * min(lr, t**-0.5)
+        with torch.no_grad():
+            w -= alpha / max(1.0, float(u.pow(2).mean().sqrt()) / d) * u
+    return w.detach()
+
+
+def test_adafactor_matches_the_factored_formula() -> None:
+    f, _, _, _, w0, c0 = rotated_problem()
+    loss = lambda ps: f([ps[0], c0])  # noqa: E731
+    w = [torch.nn.Parameter(w0.clone())]
+    run(w, build_optimizer(trial("adafactor"), torch.nn.ParameterList(w)), 6, loss=loss)
+    torch.testing.assert_close(w[0], adafactor_reference(w0, loss, 6, lr=1e-2), rtol=0, atol=1e-12)
+
+
+# ---- equivariance across optimisers: which ones privilege the basis ---------------------------
+
+
+def equivariance_gap(make, steps: int = 25) -> tuple[float, float]:
+    """Train W alone on f and W' = Po W Pi^T on the rotated problem g; (|W'_N - Po W_N Pi^T|, |W_N - W_0|)."""
+    f, g, po, pi, w0, c0 = rotated_problem()
+    a, b = [torch.nn.Parameter(w0.clone())], [torch.nn.Parameter(po @ w0 @ pi.T)]
+    run(a, make(a), steps, loss=lambda ps: f([ps[0], c0]))
+    run(b, make(b), steps, loss=lambda ps: g([ps[0], po @ c0]))
+    return float((b[0] - po @ a[0] @ pi.T).detach().norm()), float((a[0] - w0).detach().norm())
+
+
+def test_sgd_is_equivariant() -> None:
+    gap, moved = equivariance_gap(lambda ps: torch.optim.SGD(ps, lr=1e-3, momentum=0.9, nesterov=True, weight_decay=0.1))
+    assert moved > 0.1 and gap < 1e-12 * max(1.0, moved)
+
+
+def test_muon_on_matrices_is_equivariant_up_to_its_bfloat16() -> None:
+    """Newton-Schulz is a matrix polynomial in B B^T times B: NS(Po B Pi^T) = Po NS(B) Pi^T. torch
+    runs it in bfloat16, so the gap is rounding (measured 3e-3 x moved), not the basis."""
+    gap, moved = equivariance_gap(lambda ps: torch.optim.Muon(ps, lr=3e-2, weight_decay=0.1, adjust_lr_fn="match_rms_adamw"))
+    assert moved > 0.1 and gap < 0.03 * moved, (gap, moved)
+
+
+@pytest.mark.parametrize("name", ["adam", "adafactor", "lion", "signsgd"])
+def test_per_coordinate_optimisers_are_not_equivariant(name: str) -> None:
+    def make(ps):
+        return build_optimizer(trial(name, lr=3e-2, weight_decay=0.1), torch.nn.ParameterList(ps))
+
+    gap, moved = equivariance_gap(make)
+    assert moved > 0.1 and gap > 0.2 * moved, (gap, moved)
+
+
+# ---- muon: Muon on hidden matrices, AdamW on the rest -----------------------------------------
+
+
+def test_muon_split_lr_and_orthogonalised_update() -> None:
+    cfg = trial("muon", lr=1e-2, weight_decay=0.1, muon_lr_ratio=2.0)
+    model = Transformer.from_config(cfg)
+    opt = build_optimizer(cfg, model)
+    assert isinstance(opt, MuonAdamW)
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    muon_names = {name_of[id(p)] for g in opt.muon.param_groups for p in g["params"]}
+    assert muon_names == {n for n, p in model.named_parameters() if p.ndim == 2 and n.startswith("blocks.")}
+    assert set(HIDDEN_MATRICES) <= muon_names  # the config's check names real parameters
+    adam_names = {name_of[id(p)] for g in opt.adamw.param_groups for p in g["params"]}
+    assert adam_names == set(name_of.values()) - muon_names and "tok_emb.weight" in adam_names
+    assert len(opt.param_groups) == 3 and all(g["lr"] == 1e-2 for g in opt.param_groups)
+
+    for g in opt.param_groups:  # a scheduler's write reaches both parts
+        g["lr"] = 1e-3
+    w = model.blocks[0].attn.proj.weight
+    before = w.detach().clone()
+    x, y = batch(cfg, 0)
+    model(x, y)[1].backward()
+    grad = w.grad.clone()
+    opt.step()
+    assert all(g["lr"] == 1e-3 for g in opt.param_groups)  # restored after Muon's scaled step
+    # first step: momentum buffer (1 - mu) G, Nesterov update G.lerp(buf, mu) = (1 - mu^2) G, direction of G
+    lr_eff = 1e-3 * 2.0 * 0.2 * 32**0.5
+    o = -(w.detach() - before * (1 - 1e-3 * 2.0 * 0.1)) / lr_eff  # NS(G), about U S' V^T
+    u, sv, vh = torch.linalg.svd(grad)
+    d = u.T @ o @ vh.T  # about diagonal: NS keeps G's singular vectors, moves its singular values
+    assert (d - torch.diag(d.diagonal())).norm() < 0.1 * d.norm()
+    big = d.diagonal()[sv > 0.2 * sv[0]]  # the 5 Newton-Schulz steps lift these into ~(0.5, 1.5)
+    assert len(big) >= 4 and 0.5 < float(big.min()) and float(big.max()) < 1.5
+
+
+def test_muon_without_matrices_is_refused() -> None:
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4))
+    from study.optim import muon_adamw
+    with pytest.raises(ValueError, match="no 2-D parameter is left for Muon"):
+        muon_adamw(model, lr=1e-3, exclude=("0.*",))

@@ -5,10 +5,12 @@ import torch
 
 from study.config import TrialConfig
 from study.train import MemorySink, StopTraining, lr_at, train
+from variants import OPTIMIZERS as ALL_OPTIMIZERS
 
 NORMS = ["layernorm", "rmsnorm", "rmsnorm_scalar"]
 ROTATIONS = ["none", "shared", "independent", {"mode": "partial", "group_size": 1}]
-OPTIMIZERS = [{"name": "adam", "lr": 3e-3}, {"name": "sgd", "lr": 0.1}, {"name": "rotated_adam", "lr": 3e-3}]
+OPTIMIZERS = [ALL_OPTIMIZERS[n] for n in ("adam", "sgd", "rotated_adam")]  # the full norm x rotation grid
+BEYOND = [o for n, o in ALL_OPTIMIZERS.items() if n not in ("adam", "sgd", "rotated_adam")]  # one variant each
 
 
 def tiny(steps=6, **kw):
@@ -32,6 +34,15 @@ def test_smoke_train_every_variant(norm, rotation, optimizer):
     assert steps == [0, 3, 6]
     assert [r["step"] for r in sink.curve_rows] == list(range(0, 7))
     assert sink.run_row["status"] == "done" and sink.run_row["norm"] == norm
+
+
+@pytest.mark.parametrize("optimizer", BEYOND, ids=lambda o: o["name"])
+def test_smoke_train_each_further_optimizer(optimizer):
+    sink = MemorySink()
+    summary = train(tiny(steps=12, norm="rmsnorm", rotation="shared", optimizer=optimizer), sink)
+    assert summary.status == "done" and summary.steps == 12
+    assert summary.final_val_loss < sink.curve_rows[0]["val_loss"]  # it learned something
+    assert sink.run_row["optimizer"] == optimizer["name"] and sink.run_row["optimizer_family"]
 
 
 def test_rows_match_the_store_schema_and_loss_falls():

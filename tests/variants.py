@@ -11,3 +11,13 @@ ROTATIONS = {
     "partialL": {"mode": "partial", "group_size": L},
     "groups": {"mode": "groups", "groups": [[0, 2], [3]]},
 }
+OPTIMIZERS = {  # every optimiser, at an lr that trains the tiny test models
+    "adam": {"name": "adam", "lr": 3e-3},
+    "sgd": {"name": "sgd", "lr": 0.1},
+    "rotated_adam": {"name": "rotated_adam", "lr": 3e-3},
+    "soap": {"name": "soap", "lr": 3e-3, "precondition_frequency": 2},
+    "muon": {"name": "muon", "lr": 3e-3},
+    "adafactor": {"name": "adafactor", "lr": 1e-2},
+    "lion": {"name": "lion", "lr": 3e-4, "betas": [0.9, 0.99]},
+    "signsgd": {"name": "signsgd", "lr": 3e-4},
+}
