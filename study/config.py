@@ -224,6 +224,8 @@ class TrainConfig(_Frozen):
     """Steps between checkpoints; 0 disables (the final state is still not saved)."""
     invariance_check: bool = True
     """At the end, rotate the residual basis and record the loss change (checks table)."""
+    quant_every: int = Field(default=0, ge=0)
+    """Quantisation cost (W8A8, W4A4 loss deltas) at every quant_every-th eval too; 0: final eval only."""
     diverge_factor: float = Field(default=4.0, gt=1)
     """Loss above diverge_factor x the initial loss (or non-finite) marks the run diverged."""
 
