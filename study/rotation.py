@@ -16,8 +16,13 @@ Tags used by `build_plan` (so that equal modes give equal matrices):
 - `independent`: ("rotation", "block", l, "attn") and ("rotation", "block", l, "mlp").
 - the ends (RotationConfig.embeddings, every mode but none): `shared` uses its one R for the
   embeddings' write and the final read; every other mode gives each end a basis of its own,
-  ("rotation", "embed") and ("rotation", "unembed"). So with any rotation and the ends on, no
-  parameter lives in the residual basis.
+  ("rotation", "embed") and ("rotation", "unembed"). So with every block rotated and the ends
+  on, no parameter lives in the residual basis (invariance.plan_in_basis).
+
+Consequence: `shared` with its ends is the unrotated model itself seen in the basis x R (z = x R
+evolves exactly as `none`'s residual stream, for every norm and optimiser); only the basis the
+residual stream is stored and measured in differs. `independent`, `partial` and `groups` are
+different models (layers compute in unrelated bases).
 """
 
 from __future__ import annotations
@@ -31,7 +36,6 @@ import torch
 from torch import Tensor
 
 from study.config import RotationConfig
-
 
 
 @dataclass(frozen=True)
