@@ -54,6 +54,7 @@ ARROW: dict[str, pa.Schema] = {
         # norm and rotation plan
         ("norm", _S), ("rotation", _S), ("group_size", _I), ("rotation_groups", _S),
         ("rotation_label", _S),
+        ("rotate_embeddings", _B),
         # data and schedule
         ("seed", _I), ("corpus", _S), ("seq_len", _I), ("batch_size", _I),
         # results

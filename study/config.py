@@ -137,6 +137,9 @@ class RotationConfig(_Frozen):
     """Blocks per shared-basis group (mode partial only)."""
     groups: tuple[tuple[int, ...], ...] | None = None
     """Explicit lists of 0-based block indices that share one R (mode groups only)."""
+    embeddings: bool = True
+    """Rotate the ends too: embeddings write through R^T, final norm + unembedding read x R (shared:
+    the one R; other modes: a basis each). false leaves them in the residual basis (an ablation)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -153,6 +156,8 @@ class RotationConfig(_Frozen):
             raise ValueError("mode groups needs groups: a list of block-index lists")
         if self.mode != "groups" and self.groups is not None:
             raise ValueError(f"groups only applies to mode groups, not {self.mode}")
+        if self.mode == "none" and not self.embeddings:
+            raise ValueError("embeddings: false needs a rotation (mode none rotates nothing)")
         if self.groups is not None:
             if not all(self.groups):
                 raise FieldError("groups", "every group needs at least one block index")
@@ -163,12 +168,15 @@ class RotationConfig(_Frozen):
 
     @property
     def label(self) -> str:
-        """Short human label: none, shared, independent, partial(2), groups[[0,1],[2]]."""
+        """Short human label: none, shared, independent, partial(2), groups[[0,1],[2]]; with
+        embeddings false, `-noemb` appended (shared-noemb)."""
         if self.mode == "partial":
-            return f"partial({self.group_size})"
-        if self.mode == "groups":
-            return "groups" + json.dumps([list(g) for g in self.groups or ()], separators=(",", ":"))
-        return self.mode
+            label = f"partial({self.group_size})"
+        elif self.mode == "groups":
+            label = "groups" + json.dumps([list(g) for g in self.groups or ()], separators=(",", ":"))
+        else:
+            label = self.mode
+        return label if self.embeddings else label + "-noemb"
 
 
 class OptimizerConfig(_Frozen):
@@ -304,6 +312,8 @@ class TrainConfig(_Frozen):
     """Steps between checkpoints; 0 disables (the final state is still not saved)."""
     invariance_check: bool = True
     """At the end, rotate the residual basis and record the loss change (checks table)."""
+    quant_every: int = Field(default=0, ge=0)
+    """Quantisation cost (W8A8, W4A4 loss deltas) at every quant_every-th eval too; 0: final eval only."""
     diverge_factor: float = Field(default=4.0, gt=1)
     """Loss above diverge_factor x the initial loss (or non-finite) marks the run diverged."""
 
@@ -458,6 +468,7 @@ class TrialConfig(_Frozen):
             "rotation_groups": (json.dumps([list(g) for g in self.rotation.groups], separators=(",", ":"))
                                 if self.rotation.groups is not None else None),
             "rotation_label": self.rotation.label,
+            "rotate_embeddings": self.rotation.embeddings if self.rotation.mode != "none" else None,
             "seed": self.seed, "corpus": self.data.source, "seq_len": self.data.seq_len,
             "batch_size": self.train.batch_size,
         }

@@ -18,9 +18,10 @@ Identity read/write stays Identity (the formula with M = I gives Q^T Q = I, so i
     y'  = h(...) (Q^T W_out)^T = h(...) W_out^T Q = y Q
     y' M_w' = y Q Q^T M_w Q = (y M_w) Q                  (the write lands rotated)
 
-so x' <- x' + (y M_w) Q = (x + y M_w) Q keeps x' = x Q. Ends: tok_emb W_E (V, d) -> W_E Q and
-pos_emb P -> P Q give x' = x Q at layer 0; the final norm sees x Q, N(x Q) = N(x) Q, and
-unembed W_U (V, d) -> W_U Q gives N(x) Q Q^T W_U^T = the original logits.
+so x' <- x' + (y M_w) Q = (x + y M_w) Q keeps x' = x Q. Ends, the same rule: the embeddings
+are a write (W_E -> W_E Q, P -> P Q, write_emb M_w -> Q^T M_w Q: (e Q)(Q^T M_w Q) = (e M_w) Q, so
+x' = x Q at layer 0), the final norm + unembedding a read (read_out M_r -> Q^T M_r Q: it sees
+u Q, N(u Q) = N(u) Q, and W_U -> W_U Q gives N(u) Q Q^T W_U^T = the original logits).
 
 Norm gains and biases are left untouched, so layernorm (mean subtraction, per-coordinate gain
 and bias) and rmsnorm (per-coordinate gain) are not invariant unless the gains happen to be
@@ -37,7 +38,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from study.model import Rotate, Transformer
-from study.rotation import generator_for, random_orthogonal
+from study.rotation import Plan, generator_for, random_orthogonal
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -67,18 +68,32 @@ def rotate_residual_basis(model: Transformer, Q: Tensor) -> Transformer:
     def left(t: Tensor) -> None:  # t <- Q^T t: anything whose output becomes a residual vector
         t.copy_(q.T @ t.double())
 
+    for rot in rotated.modules():
+        if isinstance(rot, Rotate):  # every read and write, the ends' included; Identity stays Identity
+            rot.matrix.copy_(q.T @ rot.matrix.double() @ q)
     right(rotated.tok_emb.weight)
     right(rotated.pos_emb.weight)
     for block in rotated.blocks:
-        for rot in (block.read_attn, block.write_attn, block.read_mlp, block.write_mlp):
-            if isinstance(rot, Rotate):
-                rot.matrix.copy_(q.T @ rot.matrix.double() @ q)  # Identity stays Identity
         right(block.attn.qkv.weight)
         left(block.attn.proj.weight)
         right(block.mlp.fc.weight)
         left(block.mlp.proj.weight)
     right(rotated.unembed.weight)
     return rotated
+
+
+def plan_in_basis(plan: Plan, Q: Tensor) -> Plan:
+    """The plan that reads a residual stream x Q exactly as `plan` reads x: every R -> Q^T R
+    (so x Q Q^T R = x R; each write R^T -> R^T Q lands rotated). None stays None.
+
+    With every read and write rotated (embeddings included), a model built from this plan and
+    the same parameters computes the same function with residual stream x Q: no parameter
+    lives in the residual basis, so training (Adam included) is the same step for step. Where
+    the plan has an identity (embeddings false, or a block outside every `groups` list), the
+    parameters next to it see the residual basis itself and the property fails.
+    """
+    q = Q.detach().to(torch.float64)
+    return plan.map(lambda r: q.T @ r.to(torch.float64))
 
 
 @torch.no_grad()

@@ -6,9 +6,13 @@ Block l (row vectors, x is (B, T, C)):
     x = x + write_mlp(mlp(mlp_norm(read_mlp(x))))
 
 read = Rotate(R) computes x @ R, write = Rotate(R^T); without a rotation both are nn.Identity(),
-so every variant is the same residual equation. The attribute names are an interface: the
-activation probe hooks `blocks[i].attn_norm` / `.mlp_norm` (normalised inputs in the computation
-basis), `blocks[i].mlp.act` (neuron basis) and each Block's output (residual after block i).
+so every variant is the same residual equation. The ends too (rotation.Plan's embed/unembed):
+
+    x = write_emb(tok_emb(idx) + pos_emb(pos))        logits = unembed(final_norm(read_out(x)))
+
+The attribute names are an interface: the activation probe hooks `blocks[i].attn_norm` /
+`.mlp_norm` (normalised inputs in the computation basis), `blocks[i].mlp.act` (neuron basis),
+blocks[0]'s input (the residual stream after write_emb) and each Block's output.
 
 No biases in Linear layers, untied unembedding, learned positions, GELU, causal SDPA.
 Construction never touches torch's global RNG: weights are drawn from
@@ -167,13 +171,15 @@ class Transformer(nn.Module):
         super().__init__()
         if norm not in NORMS:
             raise ValueError(f"norm must be one of {sorted(NORMS)}, not {norm!r}")
-        plan = plan if plan is not None else [(None, None)] * n_layers
-        if len(plan) != n_layers:
-            raise ValueError(f"rotation plan has {len(plan)} entries for {n_layers} blocks")
+        plan = plan if plan is not None else Plan.identity(n_layers)
+        if len(plan.blocks) != n_layers:
+            raise ValueError(f"rotation plan has {len(plan.blocks)} blocks for {n_layers} blocks")
         self.seq_len = seq_len
         self.tok_emb = skip_init(nn.Embedding, vocab_size, d_model, dtype=dtype)
         self.pos_emb = skip_init(nn.Embedding, seq_len, d_model, dtype=dtype)
-        self.blocks = nn.ModuleList(Block(d_model, n_heads, d_mlp, norm, plan[l], dtype) for l in range(n_layers))
+        self.write_emb = read_write(plan.embed, dtype)[1]  # Rotate(R_e^T) or Identity
+        self.blocks = nn.ModuleList(Block(d_model, n_heads, d_mlp, norm, plan.blocks[l], dtype) for l in range(n_layers))
+        self.read_out = read_write(plan.unembed, dtype)[0]  # Rotate(R_u) or Identity
         self.final_norm = NORMS[norm](d_model, dtype)
         self.unembed = linear(d_model, vocab_size, dtype)
         self.init_weights(generator_for(seed, "init"))
@@ -210,10 +216,10 @@ class Transformer(nn.Module):
         if T > self.seq_len:
             raise ValueError(f"sequence length {T} exceeds the model's {self.seq_len}")
         pos = torch.arange(T, device=idx.device)
-        x = self.tok_emb(idx) + self.pos_emb(pos)  # (B, T, C): layer 0 of the residual stream
+        x = self.write_emb(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, C): layer 0 of the residual stream
         for block in self.blocks:
             x = block(x)  # (B, T, C)
-        logits = self.unembed(self.final_norm(x))  # (B, T, V)
+        logits = self.unembed(self.final_norm(self.read_out(x)))  # (B, T, V)
         if logits.dtype in (torch.float16, torch.bfloat16):
             logits = logits.float()
         loss = None if targets is None else F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T))

@@ -11,23 +11,60 @@ Python versions and never collide between purposes ("init", "rotation", "invaria
 
 Tags used by `build_plan` (so that equal modes give equal matrices):
 - group g of a shared basis: ("rotation", "group", g). `shared` is group 0; `partial` group g
-  covers blocks g*k .. g*k+k-1; `groups` uses the list's position. Hence `partial` with
-  group_size = n_layers and `groups: [[0..L-1]]` are numerically identical to `shared`.
+  covers blocks g*k .. g*k+k-1; `groups` uses the list's position. Hence the blocks of
+  `partial` with group_size = n_layers and of `groups: [[0..L-1]]` read exactly as `shared`'s.
 - `independent`: ("rotation", "block", l, "attn") and ("rotation", "block", l, "mlp").
+- the ends (RotationConfig.embeddings, every mode but none): `shared` uses its one R for the
+  embeddings' write and the final read; every other mode gives each end a basis of its own,
+  ("rotation", "embed") and ("rotation", "unembed"). So with every block rotated and the ends
+  on, no parameter lives in the residual basis (invariance.plan_in_basis).
+
+Consequence: `shared` with its ends is the unrotated model itself seen in the basis x R (z = x R
+evolves exactly as `none`'s residual stream, for every norm and optimiser); only the basis the
+residual stream is stored and measured in differs. `independent`, `partial` and `groups` are
+different models (layers compute in unrelated bases).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
 
 from study.config import RotationConfig
 
-Plan = list[tuple[Tensor | None, Tensor | None]]
-"""Per block: (attention read R, MLP read R); None means identity."""
+
+@dataclass(frozen=True)
+class Plan:
+    """Every read of the residual stream (x @ R) and, through R^T, every write. None: identity."""
+
+    blocks: tuple[tuple[Tensor | None, Tensor | None], ...]
+    """Per block: (attention read R, MLP read R)."""
+    embed: Tensor | None = None
+    """The embeddings' basis: token + position embeddings enter the residual stream through R^T."""
+    unembed: Tensor | None = None
+    """The final norm and the unembedding read the residual stream through R."""
+
+    @classmethod
+    def identity(cls, n_layers: int) -> Plan:
+        return cls(blocks=((None, None),) * n_layers)
+
+    def map(self, f: Callable[[Tensor], Tensor]) -> Plan:
+        """Apply f to every matrix (once per distinct tensor, so shared bases stay shared); None stays None."""
+        done: dict[int, Tensor] = {}
+
+        def g(r: Tensor | None) -> Tensor | None:
+            if r is None:
+                return None
+            if id(r) not in done:
+                done[id(r)] = f(r)
+            return done[id(r)]
+
+        return Plan(blocks=tuple((g(a), g(m)) for a, m in self.blocks), embed=g(self.embed), unembed=g(self.unembed))
 
 
 def generator_for(seed: int, *tags: object) -> torch.Generator:
@@ -52,42 +89,48 @@ def random_orthogonal(d: int, generator: torch.Generator, dtype: torch.dtype = t
 
 
 def build_plan(rotation: RotationConfig, n_layers: int, d_model: int, seed: int) -> Plan:
-    """Per block (attention read R, MLP read R), float64, deterministic from `seed`.
+    """The trial's Plan, float64, deterministic from `seed`.
 
-    none: all None. shared: one R for every read. independent: a fresh R per read.
+    Blocks: none: all None. shared: one R for every read. independent: a fresh R per read.
     partial(k): blocks l // k == g share group g's R for both reads (k = 1: one R per block;
-    k = n_layers: equals shared). groups: each listed set of 0-based blocks shares one R for both
-    reads; blocks in no list read through the identity (None). Blocks sharing a basis share the
-    same tensor object.
+    k = n_layers: the blocks of shared). groups: each listed set of 0-based blocks shares one R
+    for both reads; blocks in no list read through the identity (None). Blocks sharing a basis
+    share the same tensor object.
+    Ends (rotation.embeddings, any mode but none): shared's one R; otherwise one basis each.
     """
     mode = rotation.mode
 
     def group(g: int) -> Tensor:
         return random_orthogonal(d_model, generator_for(seed, "rotation", "group", g))
 
+    def own(*tags: object) -> Tensor:
+        return random_orthogonal(d_model, generator_for(seed, "rotation", *tags))
+
     if mode == "none":
-        return [(None, None) for _ in range(n_layers)]
+        return Plan.identity(n_layers)
     if mode == "shared":
         r = group(0)
-        return [(r, r) for _ in range(n_layers)]
-    if mode == "independent":
-        return [
-            tuple(random_orthogonal(d_model, generator_for(seed, "rotation", "block", l, site)) for site in ("attn", "mlp"))
-            for l in range(n_layers)
-        ]
-    if mode == "partial":
+        blocks = [(r, r) for _ in range(n_layers)]
+    elif mode == "independent":
+        blocks = [(own("block", l, "attn"), own("block", l, "mlp")) for l in range(n_layers)]
+    elif mode == "partial":
         k = rotation.group_size
         if k is None or not 1 <= k <= n_layers:
             raise ValueError(f"rotation.group_size ({k}) must be in 1..n_layers ({n_layers})")
         rs = [group(g) for g in range((n_layers + k - 1) // k)]
-        return [(rs[l // k], rs[l // k]) for l in range(n_layers)]
-    if mode == "groups":
-        plan: Plan = [(None, None) for _ in range(n_layers)]
-        for g, blocks in enumerate(rotation.groups or ()):
+        blocks = [(rs[l // k], rs[l // k]) for l in range(n_layers)]
+    elif mode == "groups":
+        blocks = [(None, None) for _ in range(n_layers)]
+        for g, members in enumerate(rotation.groups or ()):
             r = group(g)
-            for l in blocks:
+            for l in members:
                 if not 0 <= l < n_layers:
                     raise ValueError(f"rotation.groups index {l} out of range 0..{n_layers - 1}")
-                plan[l] = (r, r)
-        return plan
-    raise ValueError(f"unknown rotation mode {mode!r}")
+                blocks[l] = (r, r)
+    else:
+        raise ValueError(f"unknown rotation mode {mode!r}")
+    if not rotation.embeddings:
+        return Plan(blocks=tuple(blocks))
+    if mode == "shared":
+        return Plan(blocks=tuple(blocks), embed=blocks[0][0], unembed=blocks[0][0])
+    return Plan(blocks=tuple(blocks), embed=own("embed"), unembed=own("unembed"))

@@ -26,6 +26,7 @@ from study.invariance import loss_change_by_dtype
 from study.metrics import ActivationProbe
 from study.model import Transformer
 from study.optim import build_optimizer
+from study.quant import quant_rows, quantised_losses
 from study.rotation import generator_for
 
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -231,12 +232,15 @@ def train(
         nonlocal last_logged, val_loss, train_loss, initial_loss, tokens_per_s, train_time, interval_start
         interval = time.perf_counter() - interval_start
         new = range(last_logged + 1, at + 1)
-        with autocast:
-            result = probe.run(x_eval, y_eval, extra=(losses[new.start : new.stop], grad_norms[new.start : new.stop]))
+        k = cfg.train.quant_every
+        quant = at == total or (k > 0 and at % (k * cfg.train.eval_every) == 0)
+        with autocast:  # quantised losses first, so they ride in the probe's one readback
+            q = (quantised_losses(model, x_eval, y_eval),) if quant else ()
+            result = probe.run(x_eval, y_eval, extra=(losses[new.start : new.stop], grad_norms[new.start : new.stop], *q))
         val_loss = result.val_loss
         if initial_loss is None:
             initial_loss = val_loss
-        train_hist, gn_hist = result.extra
+        train_hist, gn_hist, *q_hist = result.extra
         tokens_per_s = len(new) * tps / interval if len(new) and interval > 0 else tokens_per_s
         train_time += interval
         rows = [
@@ -251,7 +255,8 @@ def train(
             rows = [{"step": at, "tokens": at * tps, "train_loss": None, "val_loss": val_loss,
                      "lr": lr_at(cfg, at), "grad_norm": None, "tokens_per_s": None}]
         sink.curves(rows)
-        sink.metrics([{"step": at, "tokens": at * tps, **r} for r in result.rows])
+        model_rows = result.rows + (quant_rows(q_hist[0], val_loss) if q_hist else [])
+        sink.metrics([{"step": at, "tokens": at * tps, **r} for r in model_rows])
         last_logged = at
         resid = [r["value"] for r in result.rows
                  if r["site"] == "resid" and r["basis"] == "stored" and r["metric"] == "kurtosis"]

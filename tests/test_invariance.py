@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from study.config import TrialConfig
-from study.invariance import loss_change_by_dtype, rotate_residual_basis
+from study.invariance import loss_change_by_dtype, plan_in_basis, rotate_residual_basis
 from study.model import Rotate, Transformer
-from study.rotation import generator_for, random_orthogonal
+from study.optim import build_optimizer
+from study.rotation import build_plan, generator_for, random_orthogonal
 from variants import L, ROTATIONS
 
 
@@ -140,3 +141,82 @@ def test_loss_change_detects_layernorm():
     assert len(rows) == 1 and abs(rows[0]["value"]) > 1e-4
     other = loss_change_by_dtype(model, x, y, seed=1, dtypes=("float64",))
     assert other[0]["value"] != rows[0]["value"]  # a different seed draws a different Q
+
+
+# ---- no parameter lives in the residual basis (every read and write rotated) ------------------
+
+
+def trial(norm, rotation, optimizer="adam"):
+    opt = {"name": "adam", "lr": 1e-2} if optimizer == "adam" else {"name": "sgd", "lr": 0.3, "momentum": 0.9}
+    return TrialConfig(model={"d_model": D, "n_layers": L, "n_heads": 2}, norm=norm, rotation=rotation,
+                       optimizer=opt, train={"steps": 1}, data={"seq_len": 16}, seed=3)
+
+
+def train_float64(cfg, plan, steps=6, ends_q=None):
+    """`steps` optimiser steps in float64 from the seed's init with `plan`; ends_q: first move the
+    embeddings and unembedding into the residual basis x Q (E Q, P Q, W_U Q). Returns the model,
+    the per-step losses and the residual stream after each block on a held-out batch."""
+    m = cfg.model
+    model = Transformer(vocab_size=256, seq_len=16, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
+                        d_mlp=m.d_mlp, norm=cfg.norm, plan=plan, seed=cfg.seed, dtype=torch.float64)
+    if ends_q is not None:
+        with torch.no_grad():
+            for p in (model.tok_emb.weight, model.pos_emb.weight, model.unembed.weight):
+                p.copy_(p @ ends_q)
+    opt = build_optimizer(cfg, model)
+    x, losses = torch.randint(0, 256, (4, 17), generator=generator_for(0, "test-train")), []
+    for _ in range(steps):  # one batch, memorised: the loss must fall
+        _, loss = model(x[:, :-1], x[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    resid = []
+    handles = [b.register_forward_hook(lambda _m, _i, out: resid.append(out)) for b in model.blocks]
+    with torch.no_grad():
+        model(batch()[0])
+    for h in handles:
+        h.remove()
+    return model, losses, resid
+
+
+ALL_READS = ["shared", "independent", {"mode": "partial", "group_size": 2}, {"mode": "groups", "groups": [[0, 1], [2, 3]]}]
+
+
+@pytest.mark.parametrize("rotation", ALL_READS, ids=str)
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm_scalar"])
+def test_rotating_every_read_and_write_changes_nothing_adam_sees(norm, rotation):
+    """R -> Q^T R for every rotation of the plan (plan_in_basis), same init, Adam in float64: the
+    same loss curve step for step and a residual stream exactly Q times the original's, for a
+    basis-dependent norm too, since no parameter lives in the residual basis."""
+    cfg = trial(norm, rotation)
+    plan = build_plan(cfg.rotation, L, D, cfg.seed)
+    q = q_for(5)
+    _, losses, resid = train_float64(cfg, plan)
+    _, losses_q, resid_q = train_float64(cfg, plan_in_basis(plan, q))
+    assert losses[-1] < losses[0] - 0.1  # it trained
+    assert max(abs(a - b) for a, b in zip(losses, losses_q)) < 1e-10
+    for a, b in zip(resid, resid_q):
+        torch.testing.assert_close(b, a @ q, atol=1e-10, rtol=0)
+        assert (b - a).abs().max() > 1e-2  # the stored basis did change
+
+
+@pytest.mark.parametrize("rotation", ["shared", "independent"])
+def test_with_embeddings_unrotated_adam_sees_the_residual_basis(rotation):
+    """embeddings: false (the ablation): the embeddings and unembedding live in the residual basis.
+    Moving them into the basis x Q too (E Q, P Q, W_U Q) gives the same function at init, and SGD
+    (rotation-equivariant) still follows the same curve, but Adam's per-coordinate steps differ."""
+    q = q_for(5)
+    for optimizer, same in (("sgd", True), ("adam", False)):
+        cfg = trial("rmsnorm_scalar", {"mode": rotation, "embeddings": False}, optimizer)
+        plan = build_plan(cfg.rotation, L, D, cfg.seed)
+        assert plan.embed is None and plan.unembed is None
+        _, losses, resid = train_float64(cfg, plan)
+        _, losses_q, resid_q = train_float64(cfg, plan_in_basis(plan, q), ends_q=q)
+        assert abs(losses[0] - losses_q[0]) < 1e-10  # the same function at init
+        gap = max(abs(a - b) for a, b in zip(losses, losses_q))
+        off = max((b - a @ q).abs().max().item() for a, b in zip(resid, resid_q))
+        if same:
+            assert gap < 1e-9 and off < 1e-9
+        else:
+            assert gap > 1e-4 and off > 1e-3

@@ -242,6 +242,24 @@ def test_probe_sites_match_direct_measurement():
     assert rows[(2, "attn_in", "computation", "max_median_ratio")] == pytest.approx(max_median_ratio(attn_in2).item(), rel=1e-5)
 
 
+def test_probe_with_rotated_ends_layer0_is_the_written_residual_and_sites_the_computation_basis():
+    """shared with rotated ends is the none model in a rotated residual basis: every computation-
+    basis site reads as none's; resid layer 0 is the embeddings after write_emb (x = e R^T)."""
+    x, y = batch()
+    base, shared = tiny_model(rotation="none"), tiny_model(rotation="shared")
+    rows = {}
+    for name, m in (("none", base), ("shared", shared)):
+        rows[name] = {(r["layer"], r["site"], r["basis"], r["metric"]): r["value"] for r in ActivationProbe(m, 0).run(x, y).rows}
+    for key, v in rows["none"].items():
+        if key[1] in ("attn_in", "mlp_in", "mlp_act", "model"):
+            assert rows["shared"][key] == pytest.approx(v, rel=1e-3, abs=1e-4), key
+    with torch.no_grad():
+        emb = shared.tok_emb(x) + shared.pos_emb(torch.arange(x.shape[1]))
+        written = emb @ shared.blocks[0].read_attn.matrix.T
+    assert rows["shared"][(0, "resid", "stored", "max_abs")] == pytest.approx(max_abs(written).item(), rel=1e-5)
+    assert rows["shared"][(0, "resid", "stored", "max_abs")] != pytest.approx(max_abs(emb).item(), rel=1e-3)
+
+
 def test_probe_random_basis_reads_three_under_heavy_tails():
     model = tiny_model(d_model=128)
     with torch.no_grad():  # every token id gets a huge coordinate of its own: basis-aligned tails

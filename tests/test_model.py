@@ -34,10 +34,17 @@ def fold_plan(none_model: Transformer, rotated: Transformer) -> None:
 
     A read R and write R^T next to full linear maps: W_in -> W_in R (so N(x R) (W_in R)^T =
     N(x) W_in^T for a rotation-invariant N) and W_out -> R^T W_out (so (h W_out^T R) R^T = h W_out^T).
+    The ends: embeddings E -> E R_e (E R_e R_e^T = E), unembedding W_U -> W_U R_u.
     """
     state = {k: v for k, v in none_model.state_dict().items() if not k.endswith("matrix")}
     rotated.load_state_dict(state, strict=False)
     with torch.no_grad():
+        if isinstance(rotated.write_emb, Rotate):
+            r_e = rotated.write_emb.matrix.T
+            rotated.tok_emb.weight.copy_(rotated.tok_emb.weight @ r_e)
+            rotated.pos_emb.weight.copy_(rotated.pos_emb.weight @ r_e)
+        if isinstance(rotated.read_out, Rotate):
+            rotated.unembed.weight.copy_(rotated.unembed.weight @ rotated.read_out.matrix)
         for block in rotated.blocks:
             for read, fc, proj in ((block.read_attn, block.attn.qkv, block.attn.proj), (block.read_mlp, block.mlp.fc, block.mlp.proj)):
                 if isinstance(read, Rotate):
@@ -122,6 +129,10 @@ def test_attribute_interface(norm):
     assert isinstance(model.blocks, nn.ModuleList) and len(model.blocks) == L
     for attr in ("tok_emb", "pos_emb", "final_norm", "unembed"):
         assert isinstance(getattr(model, attr), nn.Module)
+    assert isinstance(model.write_emb, Rotate) and isinstance(model.read_out, Rotate)  # groups: ends of their own
+    plain = Transformer.from_config(make_cfg(norm, {"mode": "groups", "groups": [[1]], "embeddings": False}))
+    assert isinstance(plain.write_emb, nn.Identity) and isinstance(plain.read_out, nn.Identity)
+    assert isinstance(plain.blocks[1].read_attn, Rotate)
     assert isinstance(model.final_norm, NORMS[norm])
     for i, block in enumerate(model.blocks):
         assert isinstance(block.mlp.act, nn.GELU)
@@ -140,12 +151,15 @@ def test_hooks_see_the_residual_equation():
     model.blocks[0].register_forward_hook(hook("block0"))
     model.blocks[0].attn_norm.register_forward_hook(hook("attn_norm"))
     model.blocks[0].mlp.act.register_forward_hook(hook("act"))
+    model.final_norm.register_forward_hook(hook("final_norm"))
+    model.blocks[-1].register_forward_hook(hook("last"))
     x, _ = batch(cfg)
     model(x)
     emb = model.tok_emb(x) + model.pos_emb(torch.arange(x.shape[1]))
-    torch.testing.assert_close(seen["block0"][0], emb)  # layer 0 = embedding sum
     r = model.blocks[0].read_attn.matrix
-    torch.testing.assert_close(seen["attn_norm"][0], emb @ r)  # the norm sees the computation basis
+    torch.testing.assert_close(seen["block0"][0], emb @ r.T)  # layer 0 = embedding sum, written through R^T
+    torch.testing.assert_close(seen["attn_norm"][0], emb)  # shared: block 0 reads in the embeddings' basis
+    torch.testing.assert_close(seen["final_norm"][0], seen["last"][1] @ r)  # the final read is rotated too
     assert seen["act"][1].shape == (2, cfg.data.seq_len, cfg.model.d_mlp)
 
 
@@ -155,7 +169,7 @@ def test_hooks_see_the_residual_equation():
 def test_rotation_buffers_follow_dtype():
     model = Transformer.from_config(make_cfg("layernorm", "independent"))
     mats = [m.matrix for m in model.modules() if isinstance(m, Rotate)]
-    assert len(mats) == 4 * L and all(m.dtype == torch.float32 for m in mats)
+    assert len(mats) == 4 * L + 2 and all(m.dtype == torch.float32 for m in mats)
     model.to(torch.bfloat16)
     assert all(m.matrix.dtype == torch.bfloat16 for m in model.modules() if isinstance(m, Rotate))
     logits, loss = model(*batch(make_cfg()))
@@ -186,9 +200,24 @@ def test_rotated_plan_expresses_the_same_function(rotation):
     base = Transformer.from_config(make_cfg("rmsnorm_scalar", "none"), dtype=torch.float64)
     rotated = Transformer.from_config(make_cfg("rmsnorm_scalar", rotation), dtype=torch.float64)
     x, y = batch(make_cfg())
-    assert not torch.allclose(base(x)[0], rotated(x)[0])  # same seed, different plan: different function
+    if rotation != "shared":  # shared with rotated ends IS the none model (next test)
+        assert not torch.allclose(base(x)[0], rotated(x)[0])  # same seed, different plan: different function
     fold_plan(base, rotated)
     torch.testing.assert_close(rotated(x)[0], base(x)[0], atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("norm", NORM_NAMES)
+def test_shared_with_rotated_ends_is_the_unrotated_model_in_a_rotated_basis(norm):
+    """Every read x R and write R^T with ONE R, ends included: z = x R evolves exactly as the
+    none model's residual stream, for every norm and the same parameters. So shared differs from
+    none only in the basis the residual stream is stored (and measured) in; embeddings false
+    breaks this (the embeddings then write in the residual basis the blocks do not read in)."""
+    base = Transformer.from_config(make_cfg(norm, "none"), dtype=torch.float64)
+    shared = Transformer.from_config(make_cfg(norm, "shared"), dtype=torch.float64)
+    x, _ = batch(make_cfg())
+    torch.testing.assert_close(shared(x)[0], base(x)[0], atol=1e-10, rtol=0)
+    noemb = Transformer.from_config(make_cfg(norm, {"mode": "shared", "embeddings": False}), dtype=torch.float64)
+    assert (noemb(x)[0] - base(x)[0]).abs().max() > 1e-3
 
 
 def test_folding_fails_for_basis_dependent_norm():

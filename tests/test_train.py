@@ -54,7 +54,8 @@ def test_rows_match_the_store_schema_and_loss_falls():
     assert summary.final_val_loss < first_val - 0.5
     sites = {(r["site"], r["basis"]) for r in sink.metric_rows}
     assert sites == {("resid", "stored"), ("resid", "random"), ("attn_in", "computation"),
-                     ("mlp_in", "computation"), ("mlp_act", "neuron"), ("model", "computation")}
+                     ("mlp_in", "computation"), ("mlp_act", "neuron"), ("model", "computation"),
+                     ("model", "w8a8"), ("model", "w4a4")}
     assert {r["dtype"] for r in sink.check_rows} == {"float64", "float32", "bfloat16"}
     assert sink.run_row["params"] == cfg.params and sink.run_row["tokens"] == 40 * 8 * 16
     # exactly one row per (step, layer, site, basis, metric)
@@ -130,3 +131,25 @@ def test_one_host_readback_per_eval_and_none_in_steps(readbacks):
                       "checkpoint_every": 0, "invariance_check": False}))
     readbacks.pop("numpy")  # the batch sampler draws window starts on a CPU generator: not a readback
     assert readbacks == {"tolist": 5, "item": 0, "cpu": 0}  # evals at 0, 5, 10, 15, 20
+
+
+def test_quantisation_cost_at_the_final_eval_and_every_kth():
+    sink = MemorySink()
+    train(tiny(steps=12, train={"steps": 12, "batch_size": 4, "eval_every": 3, "eval_batch": {"sequences": 2},
+                                "checkpoint_every": 0, "invariance_check": False}), sink)
+    quant = [r for r in sink.metric_rows if r["metric"] == "quant_loss_delta"]
+    assert [(r["step"], r["layer"], r["site"], r["basis"]) for r in quant] == [(12, -1, "model", "w8a8"), (12, -1, "model", "w4a4")]
+    d = {r["basis"]: r["value"] for r in quant}
+    assert 0 < abs(d["w8a8"]) < abs(d["w4a4"]) and d["w4a4"] > 1e-3  # 4 bits cost more than 8
+    sink = MemorySink()
+    train(tiny(steps=12, train={"steps": 12, "batch_size": 4, "eval_every": 3, "eval_batch": {"sequences": 2},
+                                "checkpoint_every": 0, "invariance_check": False, "quant_every": 2}), sink)
+    assert sorted({r["step"] for r in sink.metric_rows if r["metric"] == "quant_loss_delta"}) == [0, 6, 12]
+
+
+def test_quantisation_cost_rides_in_the_evals_one_readback(readbacks):
+    train(tiny(steps=20, optimizer={"name": "rotated_adam", "lr": 3e-3},  # torch Adam's CPU path calls .item()
+               train={"steps": 20, "batch_size": 4, "eval_every": 5, "eval_batch": {"sequences": 2},
+                      "checkpoint_every": 0, "invariance_check": False, "quant_every": 1}))
+    readbacks.pop("numpy")
+    assert readbacks == {"tolist": 5, "item": 0, "cpu": 0}
