@@ -519,9 +519,9 @@ def prepare(
         read = written = 0
         for train_ids, val_ids, nbytes, n_train, n_val in _encoded(source, text_column, split, spec.kind, tok_path,
                                                                      eot, val_fraction, workers):
-            if tokens is not None:  # stop at exactly `tokens` ids, train + val
-                left = tokens - written
-                val_ids = val_ids[:left]
+            if tokens is not None and written + len(train_ids) + len(val_ids) > tokens:
+                left = tokens - written  # stop at exactly `tokens` ids, the last batch cut pro rata
+                val_ids = val_ids[: round(len(val_ids) * left / (len(train_ids) + len(val_ids)))]
                 train_ids = train_ids[: left - len(val_ids)]
             writers["train"].write(train_ids)
             writers["val"].write(val_ids)
