@@ -246,8 +246,12 @@ class RuntimeConfig(_Frozen):
     """auto (cuda if available), cpu, cuda, cuda:N."""
     num_threads: int = Field(default=0, ge=0)
     """torch CPU threads; 0 leaves torch's default."""
-    compile: bool = False
-    """Wrap the model in torch.compile."""
+    compile: bool | Literal["auto"] = "auto"
+    """torch.compile the model: true, false, or auto (CUDA trials from study.device.COMPILE_MIN_PARAMS up)."""
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
+    """Autocast: auto is bf16 on CUDA and fp32 on CPU; bf16 forces it on CPU too."""
+    gpu_fraction: float | None = Field(default=None, gt=0, le=1)
+    """This trial's share of one GPU (Ray's fractional gpu); caps its CUDA memory at that fraction."""
 
 
 class TrialConfig(_Frozen):
