@@ -586,7 +586,11 @@ def _encoded(source, text_column, split, kind, tok_path, eot, val_fraction, work
         return
     import multiprocessing as mp
 
-    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
+    # fork where there is one: spawn would re-import the caller's __main__ (torch, typer) per worker.
+    # Workers only tokenise, so the parent's threads (tokenizers, pyarrow) are never needed in them.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    context = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
                              initargs=(kind, tok_path, eot)) as pool:
         pending: list[Future] = []
         for b in stream:
