@@ -140,7 +140,7 @@ def main() -> None:
         """))
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "sweep.cli", "run", str(spec), "--results", str(tmp / "results")],
-                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+                       capture_output=True, text=True, cwd=ROOT, timeout=420)
     wall = time.perf_counter() - t0
     if r.returncode == 0:
         import polars as pl

@@ -22,4 +22,7 @@ if [[ " $* " != *" --cpu-smoke "* ]]; then
   fi
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 fi
+if [[ " $* " == *" --cpu-smoke "* ]]; then
+  exec "$PY" benchmarks/gpu_check.py "$@"        # a busy CPU box may take longer than the GPU budget
+fi
 exec timeout 470 "$PY" benchmarks/gpu_check.py "$@"

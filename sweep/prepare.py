@@ -101,13 +101,14 @@ def _need(module: str):
 
 
 def source_bytes(source: str) -> int | None:
-    """Size of a local source (the progress bar's total), None for a streamed dataset."""
+    """Size of a plain-text source (the progress bar's total: text bytes are what it counts);
+    None for jsonl/parquet/datasets, whose file sizes are not their text's."""
     p = Path(source).expanduser()
-    if p.is_file():
-        return p.stat().st_size
-    if p.is_dir():
-        return sum(f.stat().st_size for f in p.rglob("*") if f.is_file() and not _hidden(f.relative_to(p)))
-    return None
+    files = [p] if p.is_file() else ([f for f in p.rglob("*") if f.is_file() and not _hidden(f.relative_to(p))]
+                                     if p.is_dir() and not _is_saved_dataset(p) else [])
+    if not files or any(f.suffix.lower() in TEXT_SUFFIXES for f in files):
+        return None
+    return sum(f.stat().st_size for f in files)
 
 
 def _hidden(rel: Path) -> bool:
