@@ -17,7 +17,8 @@ files and the document text otherwise, so duplicates land on one side and the sp
 depend on the order or the worker count. Each document ends with the end-of-text id (byte
 0x1C for bytes, `<|endoftext|>` for bpe).
 
-Bounded memory: documents are read in batches of about BATCH_BYTES, at most 2 x workers
+bpe:N streams the source twice: once (its first `bpe_train_bytes` characters) to train the
+tokenizer, once to encode. Bounded memory: documents are read in batches of about BATCH_BYTES, at most 2 x workers
 batches are in flight, shards are appended as they come. Atomic: everything is written into
 `.OUT.partial/` beside OUT (with a pid file), the manifest last, every file fsynced, then the
 folder is renamed to OUT. An interrupted run leaves only the partial folder, which the next
@@ -200,7 +201,7 @@ def _hub_dataset(name: str, config: str | None, split: str, **kwargs: Any):
         return datasets.load_dataset(name, config, split=split, streaming=True, **kwargs)
     except Exception as e:  # offline, unknown name, gated: one line, not a traceback
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise PrepareError(f"{name}: cannot stream this dataset from the Hugging Face Hub "
+        raise PrepareError(f"{name}: no such local file or folder, and cannot stream it from the Hugging Face Hub "
                            f"(no network, or no such dataset/config/split): {type(e).__name__}: {first[:200]}") from None
 
 

@@ -284,3 +284,12 @@ def test_prepared_corpus_trains_through_sweep_run(tmp_path):
     m = json.loads((tmp_path / "c" / "manifest.json").read_text())
     assert runs["status"].to_list() == ["done"] and runs["corpus_fingerprint"][0] == m["fingerprint"]
     assert runs["params"][0] > 300 * 16  # the manifest's vocabulary sized the embeddings
+
+
+def test_hub_names_and_local_paths(tmp_path):
+    assert P.hub_name("hf:HuggingFaceFW/fineweb-edu:sample-10BT") == ("HuggingFaceFW/fineweb-edu", "sample-10BT")
+    assert P.hub_name("owner/name") == ("owner/name", None) and P.hub_name("hf:wikitext") == ("wikitext", None)
+    assert P.hub_name("data/missing.txt") is None and P.hub_name("missing.jsonl") is None
+    (tmp_path / "owner").mkdir()
+    (tmp_path / "owner" / "name").write_text("local wins")
+    assert P.hub_name(str(tmp_path / "owner" / "name")) is None
