@@ -580,7 +580,7 @@ def _tokenizer(spec: TokenizerSpec, source, text_column, split, tmp: Path, bpe_t
 def _encoded(source, text_column, split, kind, tok_path, eot, val_fraction, workers) -> Iterator[tuple]:
     """Encoded batches in source order; with workers > 1 a process pool keeps at most
     2 x workers batches in flight (bounded memory)."""
-    stream = batches(iter_documents(source, text_column, split))
+    stream = batches(iter_documents(source, text_column, split), BATCH_BYTES)
     if workers == 1:
         _init_worker(kind, tok_path, eot)
         for b in stream:

@@ -293,3 +293,25 @@ def test_hub_names_and_local_paths(tmp_path):
     (tmp_path / "owner").mkdir()
     (tmp_path / "owner" / "name").write_text("local wins")
     assert P.hub_name(str(tmp_path / "owner" / "name")) is None
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_reading_is_lazy_and_bounded(monkeypatch, workers):
+    """An endless source: the first encoded batch arrives after at most 2 x workers + 1 batches
+    were read, so memory is bounded by the batch size, not the source."""
+    pulled = []
+
+    def endless(source, column, split):
+        i = 0
+        while True:
+            pulled.append(i)
+            yield P.Doc(f"d{i}", "x" * 1000)
+            i += 1
+
+    monkeypatch.setattr(P, "iter_documents", endless)
+    monkeypatch.setattr(P, "BATCH_BYTES", 10_000)
+    stream = P._encoded("endless", "text", "train", "bytes", None, P.BYTE_EOT, 0.1, workers)
+    train_ids, val_ids, nbytes, *_ = next(stream)
+    assert nbytes == 10 * 1000 and len(train_ids) + len(val_ids) == 10 * 1001
+    assert len(pulled) <= (2 * workers + 1) * 10 + 1
+    stream.close()
