@@ -313,7 +313,7 @@ def data_prepare(
     val_fraction: Annotated[float, typer.Option(help="Share of documents held out (by a hash of each document).")] = 0.005,
     text_column: Annotated[str, typer.Option(help="Text column of jsonl/parquet/datasets sources.")] = "text",
     split: Annotated[str, typer.Option(help="Split of a Hugging Face / saved dataset.")] = "train",
-    workers: Annotated[int, typer.Option(help="Tokenising processes (0: one per CPU, at most 16).")] = 0,
+    workers: Annotated[int, typer.Option(help="Tokenising processes (0: auto, see sweep.prepare.auto_workers).")] = 0,
     bpe_train_chars: Annotated[int, typer.Option(help="bpe:N trains on the source's first this many characters.")] = 1 << 30,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing prepared corpus at --out.")] = False,
 ) -> None:
@@ -322,7 +322,7 @@ def data_prepare(
 
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from sweep.prepare import PrepareError, prepare, source_bytes
+    from sweep.prepare import PrepareError, auto_workers, prepare, source_bytes
 
     total = tokens or None
     progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TextColumn("{task.fields[tok]}"),
@@ -339,7 +339,8 @@ def data_prepare(
         try:
             manifest = prepare(source, out_dir, tokenizer=tokenizer, tokens=tokens, val_fraction=val_fraction,
                                text_column=text_column, split=split,
-                               workers=workers or min(16, os.cpu_count() or 1), bpe_train_bytes=bpe_train_chars,
+                               workers=workers or auto_workers(tokenizer, os.cpu_count() or 1),
+                               bpe_train_bytes=bpe_train_chars,
                                force=force, on_progress=show, on_event=lambda m: progress.console.print(m))
         except PrepareError as exc:
             raise bad_input(str(exc)) from None

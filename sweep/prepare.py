@@ -577,6 +577,16 @@ def _tokenizer(spec: TokenizerSpec, source, text_column, split, tmp: Path, bpe_t
     return info, tok.get_vocab_size(), eot, str(target)
 
 
+def auto_workers(tokenizer: str, cpus: int) -> int:
+    """Processes for `--workers 0`. Bytes: 1 (encoding is a memcpy; shipping batches to workers
+    costs more, benchmarks/bench_prepare.py). BPE: 1 up to 4 CPUs (encode_batch already
+    threads; a pool measured 1.5x fewer tokens per CPU-second on 2 CPUs), else one per CPU up to
+    16, since the one reading process (JSON parsing) then bounds a single tokenizer (unmeasured)."""
+    if tokenizer == "bytes" or cpus <= 4:
+        return 1
+    return min(16, cpus)
+
+
 def _encoded(source, text_column, split, kind, tok_path, eot, val_fraction, workers) -> Iterator[tuple]:
     """Encoded batches in source order; with workers > 1 a process pool keeps at most
     2 x workers batches in flight (bounded memory)."""
