@@ -102,7 +102,7 @@ def main() -> None:
     tps = steady_tokens_per_s(sink)
     peak = peak_flops(name)
     mfu = cfg.flops_per_token * tps / peak if peak else None
-    rows.append(("MFU", f"{cfg.params / 1e6:.0f}M params, d{d}x{layers}, bf16{'+compile' if not smoke else ''}, "
+    rows.append(("MFU", f"{cfg.params / 1e6:.3g}M params, d{d}x{layers}, {'fp32' if smoke else 'bf16+compile'}, "
                  f"{steps} steps", f"{mfu:.1%}" if mfu is not None else f"{tps:,.0f} tok/s (no peak)",
                  f">= 45% · {tps:,.0f} tok/s · peak mem {sink.run_row['peak_memory_bytes'] / 2**30:.1f} GiB · "
                  f"{time.perf_counter() - t0:.0f}s"))
@@ -120,7 +120,7 @@ def main() -> None:
             train(cfg, s)
             rate[opt] = steady_tokens_per_s(s)
         ratio = rate["adam"] / rate["rotated_adam"]
-        rows.append(("rotated_adam / adam", f"d_model {d}, {layers} layers, eager bf16", f"{ratio:.3f}x step time",
+        rows.append(("rotated_adam / adam", f"d_model {d}, {layers} layers, eager {'fp32' if smoke else 'bf16'}", f"{ratio:.3f}x step time",
                      f"<= 1.15x · adam {rate['adam']:,.0f} tok/s"))
 
     note("4/4 four quarter-GPU trials through sweep run")
