@@ -16,8 +16,10 @@ from __future__ import annotations
 import os
 import resource
 import sys
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported where it is used: `sweep plan` reads the peak table without it
+    import torch
 
 PEAK_FLOPS: tuple[tuple[str, float], ...] = (
     # (substring of torch.cuda.get_device_name, dense bf16/fp16 tensor FLOP/s); first match wins
@@ -60,12 +62,16 @@ def mfu(flops_per_token: float, tokens_per_s: float, name: str) -> float | None:
 
 
 def reset_peak_memory(device: torch.device) -> None:
+    import torch
+
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
 
 def peak_memory_bytes(device: torch.device) -> int | None:
     """Peak tensor memory on CUDA since reset_peak_memory; the process's peak RSS on CPU."""
+    import torch
+
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
     if device.type == "cpu":
@@ -77,6 +83,8 @@ def peak_memory_bytes(device: torch.device) -> int | None:
 def limit_memory(fraction: float | None, device: torch.device) -> None:
     """Cap this process's CUDA allocations at `fraction` of the device (a fractional-GPU trial
     must not starve the trials it shares the device with); a no-op off CUDA or at 1."""
+    import torch
+
     if fraction is not None and fraction < 1 and device.type == "cuda":
         torch.cuda.set_per_process_memory_fraction(fraction, device)
 

@@ -107,7 +107,7 @@ def plan(
             table.add_row(str(i), t.trial_id, f"{m.d_model}×{m.n_layers}×{m.n_heads}", t.optimizer.name,
                           f"{t.optimizer.lr:g}", t.norm, t.rotation.label, str(t.seed), human(t.params),
                           human(t.total_tokens), human(t.flops_per_token * t.total_tokens),
-                          duration(est.trial_s[t.trial_id]), statuses.get(t.trial_id, "pending"))
+                          duration(est.trial_s[i]), statuses.get(t.trial_id, "pending"))
     out.print(table)
     if not all_rows and len(trials) > 40:
         out.print(f"... {len(trials) - 40} more (--all lists them)")

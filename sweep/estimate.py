@@ -44,8 +44,8 @@ class Rate:
 @dataclass(frozen=True)
 class Estimate:
     device: str
-    trial_s: dict[str, float]
-    """Estimated wall seconds per trial id."""
+    trial_s: list[float]
+    """Estimated wall seconds of each trial, in the order given."""
     total_flops: float
     pending_s: float
     """Trial-seconds of the trials not done (summed, not divided by parallelism)."""
@@ -93,18 +93,20 @@ def estimate(trials: list[TrialConfig], resources, statuses: dict[str, str], mea
     """Per-trial time and the totals. `resources(params) -> {"cpu", "gpu"}` gives each trial's share."""
     table = table if table is not None else load_table()
     device = device or (DEFAULT_GPU if gpu else "cpu")
-    trial_s, total, pending_s, pending_hours, bases, extrapolating = {}, 0.0, 0.0, 0.0, set(), False
+    trial_s, total, pending_s, pending_hours, bases, extrapolating = [], 0.0, 0.0, 0.0, set(), False
+    by_size: dict[int, tuple[dict, Rate]] = {}  # grids repeat a few sizes many times
     for t in trials:
         flops = t.flops_per_token * t.total_tokens
-        want = resources(t.params)
-        if measured_flops_per_s:
-            rate = Rate(measured_flops_per_s, "measured from finished runs", False)
-        else:
-            rate = table_rate(table, device, t.params, threads=int(want["cpu"]))
+        params = t.params
+        if params not in by_size:
+            want = resources(params)
+            by_size[params] = (want, Rate(measured_flops_per_s, "measured from finished runs", False)
+                               if measured_flops_per_s else table_rate(table, device, params, threads=int(want["cpu"])))
+        want, rate = by_size[params]
         seconds = flops / rate.flops_per_s
-        trial_s[t.trial_id] = seconds
+        trial_s.append(seconds)
         total += flops
-        if statuses.get(t.trial_id) not in ("done", "diverged"):
+        if not statuses or statuses.get(t.trial_id) not in ("done", "diverged"):  # ids cost a hash each
             pending_s += seconds
             share = want["gpu"] if gpu else want["cpu"]
             pending_hours += seconds * share / 3600

@@ -51,7 +51,7 @@ def test_estimate_prefers_measured_runs_and_counts_gpu_share():
     assert est.extrapolating and est.pending_s == pytest.approx(flops / (peak_flops("NVIDIA H200") * E.ASSUMED_MFU))
     assert est.pending_device_hours == pytest.approx(est.pending_s * 0.25 / 3600)
     measured = E.estimate([t], share, {}, 1e12, gpu=True, table=TABLE)
-    assert not measured.extrapolating and measured.trial_s[t.trial_id] == pytest.approx(flops / 1e12)
+    assert not measured.extrapolating and measured.trial_s[0] == pytest.approx(flops / 1e12)
     done = E.estimate([t], share, {t.trial_id: "done"}, 1e12, gpu=True, table=TABLE)
     assert done.pending_s == 0 and done.total_flops == pytest.approx(flops)
 
