@@ -326,7 +326,7 @@ def data_prepare(
 
     total = tokens or None
     progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TextColumn("{task.fields[tok]}"),
-                        TimeElapsedColumn(), console=err)
+                        TimeElapsedColumn(), console=err, transient=True)  # the summary line replaces it
     t0 = time.perf_counter()
     with progress:
         task = progress.add_task("read", total=total or source_bytes(source), tok="")
