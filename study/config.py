@@ -13,6 +13,7 @@ import json
 import math
 import types
 import typing
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -243,13 +244,13 @@ class DataConfig(_Frozen):
     text: str | None = None
     """A text file or a folder of text files, byte-level (vocab 256)."""
     tokens: str | None = None
-    """A uint16/uint32 .bin or .npy token memmap (nanoGPT convention)."""
+    """A folder from `sweep data prepare` (manifest.json + shards), or a uint16/uint32 .bin / .npy memmap."""
     vocab_size: int | None = Field(default=None, gt=0)
-    """Vocabulary size; required with `tokens`, 256 otherwise."""
+    """Vocabulary size: required with a .bin/.npy file, read from a prepared folder's manifest, 256 otherwise."""
     seq_len: int = Field(default=128, gt=0)
     """Training context length."""
     val_fraction: float = Field(default=0.05, gt=0, lt=1)
-    """Held-out share (by file for stdlib/text folders, the tail of the stream otherwise)."""
+    """Held-out share (by file for stdlib/text folders, the tail of a token file; a prepared folder has its own split)."""
 
     @model_validator(mode="after")
     def _one_source(self) -> DataConfig:
@@ -258,7 +259,18 @@ class DataConfig(_Frozen):
             object.__setattr__(self, "corpus", "stdlib")
         elif len(sources) > 1:
             raise ValueError(f"give exactly one of corpus, text, tokens (got {', '.join(sources)})")
-        if self.tokens is not None and self.vocab_size is None:
+        if self.tokens is not None and self.vocab_size is None and not Path(self.tokens).expanduser().exists():
+            raise FieldError("tokens", f"tokens {self.tokens}: no such folder (prepare one with `sweep data prepare "
+                             "SOURCE --out DIR`; a .bin file also needs vocab_size)")
+        if self.tokens is not None and Path(self.tokens).expanduser().is_dir():
+            from study.data import check_token_dir  # lazy: study.data imports this module
+
+            vocab = check_token_dir(self.tokens, self.seq_len)
+            if self.vocab_size not in (None, vocab):
+                raise FieldError("vocab_size", f"vocab_size {self.vocab_size} disagrees with the manifest of {self.tokens} "
+                                 f"({vocab}); leave it out")
+            object.__setattr__(self, "vocab_size", vocab)
+        elif self.tokens is not None and self.vocab_size is None:
             raise FieldError("tokens", "tokens needs vocab_size")
         if self.tokens is None:
             if self.vocab_size not in (None, 256):
@@ -332,8 +344,12 @@ class RuntimeConfig(_Frozen):
     """auto (cuda if available), cpu, cuda, cuda:N."""
     num_threads: int = Field(default=0, ge=0)
     """torch CPU threads; 0 leaves torch's default."""
-    compile: bool = False
-    """Wrap the model in torch.compile."""
+    compile: bool | Literal["auto"] = "auto"
+    """torch.compile the model: true, false, or auto (CUDA trials from study.device.COMPILE_MIN_PARAMS up)."""
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
+    """Autocast: auto is bf16 on CUDA and fp32 on CPU; bf16 forces it on CPU too."""
+    gpu_fraction: float | None = Field(default=None, gt=0, le=1)
+    """This trial's share of one GPU (Ray's fractional gpu); caps its CUDA memory at that fraction."""
 
 
 class TrialConfig(_Frozen):

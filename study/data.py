@@ -11,6 +11,12 @@ Three sources, all ending as two 1-D token arrays (train, val):
   folder of text files (recursive, sorted, hidden entries skipped; split by file as above).
 - `{tokens: PATH, vocab_size: N}`: a nanoGPT-style `.bin` (raw uint16, or uint32 when
   vocab_size > 65536) or a 1-D integer `.npy`, memmapped; the tail val_fraction is val.
+- `{tokens: DIR}`: a folder written by `sweep data prepare`: manifest.json (vocab size, dtype,
+  train/val shards with sizes and sha256) and the shards, memmapped and joined without a copy
+  (`ShardedTokens`). The split and the fingerprint are the manifest's; val_fraction is unused.
+  `check_token_dir` (run when the DataConfig is built, so before any training) refuses a
+  missing or foreign manifest, missing or resized shards, a split shorter than one window, and,
+  scanned as below, a checksum mismatch or an id >= vocab_size.
 
 The fingerprint is a short sha256 of the content and the split rule. Files up to
 FULL_SCAN_BYTES are hashed (and, for tokens, range-checked against vocab_size) in full;
@@ -46,6 +52,9 @@ FULL_SCAN_BYTES = 1 << 30
 SCAN_BLOCKS = 256
 """Blocks sampled (each SCAN_BLOCK_BYTES) from larger memmaps."""
 SCAN_BLOCK_BYTES = 1 << 20
+MANIFEST = "manifest.json"
+"""The prepared corpus's manifest, written last by `sweep data prepare`."""
+TOKENS_FORMAT, TOKENS_FORMAT_VERSION = "privileged-bases-tokens", 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -71,6 +80,8 @@ def load_corpus(data: DataConfig) -> Corpus:
     """Load (cached) the corpus `data` names and check both splits fit one seq_len + 1 window."""
     if data.text is not None:
         corpus = _load_text(_existing(data.text, "data.text"), data.val_fraction)
+    elif data.tokens is not None and Path(data.tokens).expanduser().is_dir():
+        corpus = _load_token_dir(_existing(data.tokens, "data.tokens"))
     elif data.tokens is not None:
         corpus = _load_tokens(_existing(data.tokens, "data.tokens"), int(data.vocab_size), data.val_fraction)
     else:
@@ -298,6 +309,153 @@ def _scan(stream: np.ndarray) -> tuple[bytes, int, bool]:
         if len(block):
             top, bottom = max(top, int(block.max())), min(bottom, int(block.min()))
     return h.digest(), (bottom if bottom < 0 else top), sampled
+
+
+# ---- prepared token folders (sweep data prepare) ---------------------------------------------
+
+
+class ShardedTokens:
+    """Shards of one split as one 1-D read-only sequence (memmaps, never copied whole).
+
+    Supports len, slices and integer-array indexing (the batch samplers' `tokens[idx]`); a
+    window may straddle two shards."""
+
+    def __init__(self, shards: list[np.ndarray]):
+        self.shards = shards
+        self.offsets = np.cumsum([0] + [len(s) for s in shards])
+        self.dtype = shards[0].dtype
+        self.ndim = 1
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    @property
+    def nbytes(self) -> int:
+        return len(self) * self.dtype.itemsize
+
+    def __getitem__(self, idx):
+        if isinstance(idx, slice):
+            start, stop, step = idx.indices(len(self))
+            if step != 1:
+                raise IndexError("ShardedTokens slices need step 1")
+            return np.concatenate([np.asarray(s[max(0, start - o): max(0, stop - o)])
+                                   for s, o in zip(self.shards, self.offsets)]).astype(self.dtype, copy=False)
+        idx = np.asarray(idx)
+        flat = idx.ravel()
+        which = np.searchsorted(self.offsets, flat, side="right") - 1
+        out = np.empty(flat.shape, dtype=self.dtype)
+        for k in np.unique(which):
+            mask = which == k
+            out[mask] = self.shards[k][flat[mask] - self.offsets[k]]
+        return out.reshape(idx.shape)
+
+
+def manifest_fingerprint(manifest: dict) -> str:
+    """16 hex digits over the tokenizer, vocab size, dtype and every shard's sha256."""
+    payload = [manifest["tokenizer"].get("sha256"), manifest["vocab_size"], manifest["dtype"],
+               {s: [x["sha256"] for x in manifest["splits"][s]["shards"]] for s in ("train", "val")}]
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def read_manifest(folder: str | Path) -> dict:
+    """The manifest of a prepared folder, its shards present at their recorded sizes; ValueError
+    (one line naming the folder and the problem) otherwise."""
+    folder = Path(folder).expanduser()
+    where = f"tokens {folder}"
+    path = folder / MANIFEST
+    if not path.is_file():
+        partial = folder.parent / f".{folder.name}.partial"
+        hint = (f" ({partial} is an interrupted prepare: rerun `sweep data prepare`)" if partial.exists()
+                else " (write one with `sweep data prepare SOURCE --out DIR`, or give a .bin file and vocab_size)")
+        raise ValueError(f"{where}: no {MANIFEST}, so not a complete prepared corpus{hint}")
+    try:
+        m = json.loads(path.read_text())
+        if m.get("format") != TOKENS_FORMAT or m.get("version") != TOKENS_FORMAT_VERSION:
+            raise ValueError(f"format {m.get('format')!r} version {m.get('version')!r}, expected "
+                             f"{TOKENS_FORMAT!r} version {TOKENS_FORMAT_VERSION}")
+        vocab, dtype = int(m["vocab_size"]), np.dtype(m["dtype"])
+        splits = {s: m["splits"][s] for s in ("train", "val")}
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{where}: unreadable {MANIFEST}: {e}") from None
+    if dtype not in (np.uint16, np.uint32) or (dtype == np.uint16 and vocab > 1 << 16):
+        raise ValueError(f"{where}: dtype {dtype} cannot hold vocab_size {vocab}")
+    for name, split in splits.items():
+        if sum(sh["tokens"] for sh in split["shards"]) != split["tokens"]:
+            raise ValueError(f"{where}: {MANIFEST} {name} tokens {split['tokens']} != the sum over its shards")
+        for sh in split["shards"]:
+            f = folder / sh["file"]
+            want = sh["tokens"] * dtype.itemsize
+            if not f.is_file():
+                raise ValueError(f"{where}: shard {sh['file']} named in {MANIFEST} is missing")
+            if f.stat().st_size != want:
+                raise ValueError(f"{where}: shard {sh['file']} has {f.stat().st_size} bytes, the manifest "
+                                 f"says {sh['tokens']} {dtype} tokens = {want} bytes")
+    if manifest_fingerprint(m) != m.get("fingerprint"):
+        raise ValueError(f"{where}: {MANIFEST} fingerprint does not match its shard list (edited by hand?)")
+    return m
+
+
+def check_token_dir(folder: str | Path, seq_len: int) -> int:
+    """Validate a prepared folder before training (manifest, shards, checksums, id range, split
+    sizes); returns its vocab size. Cached per folder state, so a sweep pays for it once."""
+    folder = Path(folder).expanduser().resolve()
+    m = read_manifest(folder)
+    stamp = tuple(sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir() if p.is_file()))
+    _verify_shards(folder, stamp)
+    need = seq_len + 1
+    for name in ("train", "val"):
+        n = m["splits"][name]["tokens"]
+        if n < need:
+            raise ValueError(f"tokens {folder}: the {name} split has {n} tokens, fewer than one window of "
+                             f"seq_len + 1 = {need}; prepare more tokens or shorten seq_len")
+    return int(m["vocab_size"])
+
+
+@functools.cache
+def _verify_shards(folder: Path, stamp: tuple) -> None:
+    """sha256 of every shard and max id < vocab_size, in full up to FULL_SCAN_BYTES of shards;
+    above that only sampled blocks are range-checked (checksums need the full read)."""
+    m = read_manifest(folder)
+    dtype, vocab = np.dtype(m["dtype"]), int(m["vocab_size"])
+    shards = [sh for s in ("train", "val") for sh in m["splits"][s]["shards"]]
+    full = sum(sh["bytes"] for sh in shards) <= FULL_SCAN_BYTES
+    for sh in shards:
+        if not sh["tokens"]:
+            continue
+        stream = np.memmap(folder / sh["file"], dtype=dtype, mode="r")
+        if full:
+            h, top = hashlib.sha256(), 0
+            for s in range(0, len(stream), SCAN_BLOCK_BYTES):
+                block = np.asarray(stream[s : s + SCAN_BLOCK_BYTES])
+                h.update(block.tobytes())
+                top = max(top, int(block.max()))
+            if h.hexdigest() != sh["sha256"]:
+                raise ValueError(f"tokens {folder}: shard {sh['file']} does not match its sha256 in {MANIFEST} "
+                                 "(modified or damaged; prepare again)")
+        else:
+            top = max(int(np.asarray(stream[s : s + SCAN_BLOCK_BYTES]).max())
+                      for s in np.linspace(0, max(0, len(stream) - SCAN_BLOCK_BYTES), 16).astype(np.int64))
+        if top >= vocab:
+            raise ValueError(f"tokens {folder}: shard {sh['file']} holds token id {top} >= the manifest's "
+                             f"vocab_size {vocab}" + ("" if full else " (found on a sample)"))
+
+
+@functools.cache
+def _load_token_dir(folder: Path) -> Corpus:
+    m = read_manifest(folder)
+    dtype = np.dtype(m["dtype"])
+    streams = {}
+    for name in ("train", "val"):
+        maps = [np.memmap(folder / sh["file"], dtype=dtype, mode="r") for sh in m["splits"][name]["shards"] if sh["tokens"]]
+        if not maps:
+            raise ValueError(f"tokens {folder}: the {name} split is empty")
+        streams[name] = maps[0] if len(maps) == 1 else ShardedTokens(maps)
+    tok = m["tokenizer"].get("kind", "?")
+    return Corpus(
+        train=streams["train"], val=streams["val"], vocab_size=int(m["vocab_size"]), fingerprint=m["fingerprint"],
+        description=(f"prepared {folder} ({m.get('source')}, {tok} tokenizer, vocab {m['vocab_size']}, {dtype}): "
+                     f"train {len(streams['train']):,} / val {len(streams['val']):,} tokens"),
+    )
 
 
 # ---- disk cache (stdlib) ----------------------------------------------------------------------

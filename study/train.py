@@ -22,6 +22,7 @@ import torch
 
 from study.config import TrialConfig
 from study.data import eval_batch, load_corpus, sample_batch
+from study.device import limit_memory, mfu, peak_memory_bytes, reset_peak_memory, should_compile, use_bf16
 from study.invariance import loss_change_by_dtype
 from study.metrics import ActivationProbe
 from study.model import Transformer
@@ -104,6 +105,10 @@ class RunSummary:
     final_val_loss: float
     tokens_per_s: float
     wall_s: float
+    mfu: float | None = None
+    """flops_per_token x tokens_per_s / the device's peak (study.device); None where no peak is known."""
+    peak_memory_bytes: int | None = None
+    """Peak CUDA tensor memory, or the process's peak RSS on CPU (study.device.peak_memory_bytes)."""
 
 
 class StopTraining(Exception):
@@ -195,14 +200,16 @@ def train(
     if on_cuda:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=on_cuda)
+        limit_memory(cfg.runtime.gpu_fraction, device)  # before the first allocation
+        reset_peak_memory(device)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16(cfg.runtime.precision, device))
 
     # -- data, model, optimiser, probe
     corpus = load_corpus(cfg.data)
     x_eval, y_eval = eval_batch(corpus, cfg.train.eval_batch.sequences, cfg.eval_seq_len, device)
     model = Transformer.from_config(cfg).to(device)
     optimizer = build_optimizer(cfg, model)
-    step_model = torch.compile(model) if cfg.runtime.compile else model
+    step_model = torch.compile(model) if should_compile(cfg.runtime.compile, device, cfg.params) else model
     probe = ActivationProbe(model, cfg.seed)
     data_gen = generator_for(cfg.seed, "data")
 
@@ -310,11 +317,11 @@ def train(
         sink.checks(loss_change_by_dtype(model, x_eval, y_eval, cfg.seed))
     sink.flush(step)
     wall = wall_before + time.perf_counter() - t_start
+    throughput = (step - start_step) * tps / train_time if train_time > 0 else 0.0
     summary = RunSummary(
         trial_id=cfg.trial_id, status=status, steps=step, tokens=step * tps,
-        final_train_loss=train_loss, final_val_loss=val_loss,
-        tokens_per_s=(step - start_step) * tps / train_time if train_time > 0 else 0.0,
-        wall_s=wall,
+        final_train_loss=train_loss, final_val_loss=val_loss, tokens_per_s=throughput, wall_s=wall,
+        mfu=mfu(cfg.flops_per_token, throughput, device_name(device)), peak_memory_bytes=peak_memory_bytes(device),
     )
     sink.run(run_row(cfg, summary, device, corpus.fingerprint))
     return summary

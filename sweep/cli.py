@@ -20,7 +20,6 @@ err = Console(stderr=True)
 
 SpecArg = Annotated[Path, typer.Argument(help="Sweep spec YAML (see specs/).", show_default=False)]
 ResultsOpt = Annotated[Path, typer.Option("--results", "-r", help="Results root; the sweep writes <results>/<spec name>/.")]
-ASSUMED_FLOPS = {"cpu": 1.5e10, "cuda": 2e14}  # sustained training FLOP/s when the store has no runs yet
 
 
 def bad_input(message: str) -> typer.Exit:
@@ -41,7 +40,7 @@ def load(spec_path: Path):
 
 
 def human(n: float, unit: str = "") -> str:
-    for suffix, scale in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+    for suffix, scale in (("Z", 1e21), ("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(n) >= scale:
             return f"{n / scale:.3g}{suffix}{unit}"
     return f"{n:.3g}{unit}"
@@ -77,8 +76,11 @@ def plan(
     spec_path: SpecArg,
     results: ResultsOpt = Path("results"),
     all_rows: Annotated[bool, typer.Option("--all", help="List every trial, not the first 40.")] = False,
+    device: Annotated[Optional[str], typer.Option(help="Device to estimate for (a sweep/throughput.json row or a "
+                                                       "GPU name); default: cpu, or NVIDIA H200 for GPU specs.")] = None,
 ) -> None:
     """List the grid: trial ids, shapes, parameters, tokens, FLOPs, estimated time, done or not."""
+    from sweep.estimate import estimate
     from sweep.store import ResultsStore
 
     spec, trials = load(spec_path)
@@ -90,31 +92,33 @@ def plan(
         done = runs.filter(runs["status"] == "done")
         if done.height:  # measured throughput of this machine/cluster, FLOP/s, median over runs
             flops_per_s = float((done["flops_per_token"] * done["tokens_per_s"]).median())
+    gpu = spec.resources.gpu > 0 or any(o.gpu > 0 for o in spec.resources.by_size) or spec.device.startswith("cuda")
+    try:
+        est = estimate(trials, spec.resources.for_params, statuses, flops_per_s, gpu, device)
+    except ValueError as exc:
+        raise bad_input(str(exc)) from None
     table = Table(title=f"{spec.name}: {len(trials)} trials", show_lines=False)
-    for col in ("#", "trial", "model (d×L×h)", "optimizer", "norm", "rotation", "seed", "params",
+    for col in ("#", "trial", "model (d×L×h)", "optimizer", "lr", "norm", "rotation", "seed", "params",
                 "tokens", "FLOPs", "est.", "status"):
-        table.add_column(col, justify="right" if col in ("#", "seed", "params", "tokens", "FLOPs", "est.") else "left")
-    total_flops = pending_s = 0.0
-    device = "cuda" if spec.resources.gpu > 0 or spec.device.startswith("cuda") else "cpu"
-    rate = flops_per_s or ASSUMED_FLOPS[device]
+        table.add_column(col, justify="right" if col in ("#", "lr", "seed", "params", "tokens", "FLOPs", "est.") else "left")
     for i, t in enumerate(trials):
-        flops = t.flops_per_token * t.total_tokens
-        total_flops += flops
-        status = statuses.get(t.trial_id, "pending")
-        if status not in ("done", "diverged"):
-            pending_s += flops / rate
         if all_rows or i < 40:
             m = t.model
             table.add_row(str(i), t.trial_id, f"{m.d_model}×{m.n_layers}×{m.n_heads}", t.optimizer.name,
-                          t.norm, t.rotation.label, str(t.seed), human(t.params), human(t.total_tokens),
-                          human(flops), duration(flops / rate), status)
+                          f"{t.optimizer.lr:g}", t.norm, t.rotation.label, str(t.seed), human(t.params),
+                          human(t.total_tokens), human(t.flops_per_token * t.total_tokens),
+                          duration(est.trial_s[i]), statuses.get(t.trial_id, "pending"))
     out.print(table)
     if not all_rows and len(trials) > 40:
         out.print(f"... {len(trials) - 40} more (--all lists them)")
     done_n = sum(statuses.get(t.trial_id) in ("done", "diverged") for t in trials)
-    basis = "measured from finished runs" if flops_per_s else f"assuming {human(rate, 'FLOP/s')} per trial"
-    out.print(f"{done_n}/{len(trials)} done · {human(total_flops, 'FLOP')} in all · "
-              f"~{duration(pending_s)} of trial time left ({basis}) · results: {store.uri}")
+    unit = f"{est.device.removeprefix('NVIDIA ')}-hours" if gpu else "CPU-thread-hours"
+    out.print(f"{done_n}/{len(trials)} done · {human(est.total_flops, 'FLOP')} in all · "
+              f"~{duration(est.pending_s)} of trial time left · {est.pending_device_hours:,.0f} {unit} "
+              f"({est.basis}) · results: {store.uri}", highlight=False)
+    if est.extrapolating:
+        out.print("[yellow]note:[/] extrapolating: run benchmarks/bench_throughput.py on the target device "
+                  "(GPU: benchmarks/gpu_check.sh) to measure its row of sweep/throughput.json")
 
 
 # ---- run -------------------------------------------------------------------------------------
@@ -291,6 +295,63 @@ def query(
         return
     with pl.Config(tbl_rows=limit, tbl_cols=-1, tbl_width_chars=200, fmt_str_lengths=60):
         out.print(frame, highlight=False)
+
+
+# ---- data ------------------------------------------------------------------------------------
+
+data_app = typer.Typer(no_args_is_help=True, help="Corpora: tokenise a source into shards that `data: {tokens: DIR}` reads.")
+
+
+@data_app.command("prepare")
+def data_prepare(
+    source: Annotated[str, typer.Argument(help="Text file or folder, .jsonl/.parquet file, a `datasets` save_to_disk "
+                                               "folder, or a Hugging Face dataset hf:NAME[:CONFIG] (streamed).",
+                                          show_default=False)],
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Folder to write (shards, manifest.json).", show_default=False)],
+    tokenizer: Annotated[str, typer.Option(help="bytes, bpe:N (train a byte-level BPE of N ids), or a tokenizer.json path.")] = "bytes",
+    tokens: Annotated[Optional[int], typer.Option(help="Stop after this many tokens (train + val).")] = None,
+    val_fraction: Annotated[float, typer.Option(help="Share of documents held out (by a hash of each document).")] = 0.005,
+    text_column: Annotated[str, typer.Option(help="Text column of jsonl/parquet/datasets sources.")] = "text",
+    split: Annotated[str, typer.Option(help="Split of a Hugging Face / saved dataset.")] = "train",
+    workers: Annotated[int, typer.Option(help="Tokenising processes (0: auto, see sweep.prepare.auto_workers).")] = 0,
+    bpe_train_chars: Annotated[int, typer.Option(help="bpe:N trains on the source's first this many characters.")] = 1 << 30,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing prepared corpus at --out.")] = False,
+) -> None:
+    """Tokenise SOURCE into uint16/uint32 shards, a held-out split and manifest.json (atomically)."""
+    import os
+
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from sweep.prepare import PrepareError, auto_workers, prepare, source_bytes
+
+    total = tokens or None
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TextColumn("{task.fields[tok]}"),
+                        TimeElapsedColumn(), console=err, transient=True)  # the summary line replaces it
+    t0 = time.perf_counter()
+    with progress:
+        task = progress.add_task("read", total=total or source_bytes(source), tok="")
+
+        def show(read: int, written: int) -> None:
+            rate = written / max(1e-9, time.perf_counter() - t0)
+            progress.update(task, completed=written if total else read,
+                            tok=f"{human(written)} tokens · {human(rate, ' tok/s')}")
+
+        try:
+            manifest = prepare(source, out_dir, tokenizer=tokenizer, tokens=tokens, val_fraction=val_fraction,
+                               text_column=text_column, split=split,
+                               workers=workers or auto_workers(tokenizer, os.cpu_count() or 1),
+                               bpe_train_bytes=bpe_train_chars,
+                               force=force, on_progress=show, on_event=lambda m: progress.console.print(m))
+        except PrepareError as exc:
+            raise bad_input(str(exc)) from None
+    s = manifest["splits"]
+    out.print(f"{out_dir}: vocab {manifest['vocab_size']} ({manifest['dtype']}), train {s['train']['tokens']:,} "
+              f"/ val {s['val']['tokens']:,} tokens from {human(manifest['source_bytes'], 'B')} in "
+              f"{duration(time.perf_counter() - t0)}; fingerprint {manifest['fingerprint']}\n"
+              f"  use it with  data: {{tokens: {out_dir}}}", highlight=False)
+
+
+app.add_typer(data_app, name="data")
 
 
 if __name__ == "__main__":

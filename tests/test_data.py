@@ -268,3 +268,40 @@ def test_cache_dir_env(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert data.cache_dir() == tmp_path / "privileged-bases"
     assert os.fspath(data.cache_dir()).endswith("privileged-bases")
+
+
+# ---- prepared token folders (sweep data prepare) ----------------------------------------------
+
+
+def test_sharded_tokens_index_like_one_array():
+    rng = np.random.default_rng(1)
+    whole = rng.integers(0, 1000, 1000).astype(np.uint16)
+    parts = np.split(whole, [7, 300, 301, 650])
+    s = data.ShardedTokens(list(parts))
+    assert len(s) == 1000 and s.dtype == np.uint16
+    idx = np.arange(0, 990, 13)[:, None] + np.arange(11)  # windows straddling every shard boundary
+    np.testing.assert_array_equal(s[idx], whole[idx])
+    np.testing.assert_array_equal(s[5:320], whole[5:320])
+    gen = torch.Generator().manual_seed(0)
+    x, y = sample_batch(s, 8, 16, gen, "cpu")
+    gen = torch.Generator().manual_seed(0)
+    x2, y2 = sample_batch(whole, 8, 16, gen, "cpu")
+    assert torch.equal(x, x2) and torch.equal(y, y2)
+
+
+def test_prepared_folder_loads_through_its_manifest(tmp_path):
+    from sweep.prepare import write_corpus
+
+    train = (np.arange(3000) % 700).astype(np.uint16)
+    val = (np.arange(500) % 11).astype(np.uint16)
+    m = write_corpus(tmp_path / "c", {"train": train, "val": val}, vocab_size=700, shard_tokens=1000)
+    cfg = DataConfig(tokens=str(tmp_path / "c"), seq_len=16)
+    assert cfg.vocab_size == 700  # from the manifest, not the spec
+    c = load_corpus(cfg)
+    assert isinstance(c.train, data.ShardedTokens) and len(c.train.shards) == 3
+    assert isinstance(c.val, np.memmap)  # one shard: the memmap itself
+    np.testing.assert_array_equal(c.train[0:3000], train)
+    np.testing.assert_array_equal(np.asarray(c.val), val)
+    assert c.fingerprint == m["fingerprint"] and "prepared" in c.description
+    x, y = eval_batch(c, 4, 16, "cpu")
+    assert x.shape == (4, 16) and int(x.max()) < 11

@@ -1,0 +1,116 @@
+"""How long a sweep takes: trial FLOPs / a sustained FLOP/s, and where that rate comes from.
+
+The rate, in order of preference:
+1. measured by this sweep's finished runs (median of flops_per_token x tokens_per_s);
+2. the per-device throughput table (sweep/throughput.json, filled by
+   benchmarks/bench_throughput.py): sustained training FLOP/s measured at a few model sizes,
+   interpolated log-log in parameters; beyond the measured sizes the nearest point's rate is
+   used and the estimate says it is extrapolating;
+3. no measurement for the device: its peak (study.device.PEAK_FLOPS) x ASSUMED_MFU for a GPU,
+   ASSUMED_CPU_FLOPS for a CPU: an extrapolation, and the estimate says so.
+
+CPU rates are per thread in the table and scale with the trial's threads (resources.cpu). A
+trial's wall time is FLOPs / rate; its device-hours are wall x its GPU share (a 0.25-GPU trial
+that runs 4 h costs 1 GPU-hour), which assumes a small trial's rate is the same alone or packed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from study.config import TrialConfig
+from study.device import peak_flops
+
+TABLE = Path(__file__).with_name("throughput.json")
+ASSUMED_MFU = 0.35
+"""Share of the peak assumed for a GPU nobody has measured yet."""
+ASSUMED_CPU_FLOPS = 1.5e10
+"""FLOP/s per CPU thread assumed when the table has no CPU row."""
+DEFAULT_GPU = "NVIDIA H200"
+"""The device GPU specs are estimated for unless `sweep plan --device` names another."""
+
+
+@dataclass(frozen=True)
+class Rate:
+    flops_per_s: float
+    basis: str
+    """How it was obtained, for the reader."""
+    extrapolating: bool
+
+
+@dataclass(frozen=True)
+class Estimate:
+    device: str
+    trial_s: list[float]
+    """Estimated wall seconds of each trial, in the order given."""
+    total_flops: float
+    pending_s: float
+    """Trial-seconds of the trials not done (summed, not divided by parallelism)."""
+    pending_device_hours: float
+    """GPU share x trial time of the trials not done (GPU specs); CPU specs: CPU-thread hours."""
+    basis: str
+    extrapolating: bool
+
+
+def load_table(path: Path | str | None = None) -> dict:
+    path = Path(path) if path is not None else TABLE
+    return json.loads(path.read_text()) if path.exists() else {"devices": {}}
+
+
+def table_rate(table: dict, device: str, params: int, threads: int = 1) -> Rate:
+    """Sustained FLOP/s of one trial of `params` on `device` (per the module docstring)."""
+    row = table.get("devices", {}).get(device, {})
+    points = sorted((p["params"], p["flops_per_s"]) for p in row.get("measured", []))
+    scale = max(1, threads) / row.get("threads", 1) if device == "cpu" else 1.0
+    if not points:
+        if device == "cpu":
+            return Rate(ASSUMED_CPU_FLOPS * max(1, threads), f"assuming {ASSUMED_CPU_FLOPS:.3g} FLOP/s per CPU thread "
+                        "(no measurement in the throughput table)", True)
+        peak = peak_flops(device)
+        if peak is None:
+            raise ValueError(f"--device {device!r}: not in the throughput table or study.device.PEAK_FLOPS")
+        return Rate(peak * ASSUMED_MFU, f"extrapolating: {device} not measured yet, assuming {ASSUMED_MFU:.0%} MFU "
+                    f"of its {peak / 1e12:.0f} TFLOP/s peak", True)
+    lo, hi = points[0], points[-1]
+    if params <= lo[0] or params >= hi[0] or len(points) == 1:
+        near = lo if params <= lo[0] else hi
+        inside = params == near[0]
+        return Rate(near[1] * scale, f"{device} throughput table" + ("" if inside else
+                    f" (extrapolating beyond its measured {lo[0]:.3g}-{hi[0]:.3g} parameters)"), not inside)
+    for (p0, r0), (p1, r1) in zip(points, points[1:]):
+        if p0 <= params <= p1:
+            w = (math.log(params) - math.log(p0)) / (math.log(p1) - math.log(p0))
+            return Rate(math.exp(math.log(r0) + w * (math.log(r1) - math.log(r0))) * scale,
+                        f"{device} throughput table (interpolated)", False)
+    raise AssertionError("unreachable")
+
+
+def estimate(trials: list[TrialConfig], resources, statuses: dict[str, str], measured_flops_per_s: float | None,
+             gpu: bool, device: str | None = None, table: dict | None = None) -> Estimate:
+    """Per-trial time and the totals. `resources(params) -> {"cpu", "gpu"}` gives each trial's share."""
+    table = table if table is not None else load_table()
+    device = device or (DEFAULT_GPU if gpu else "cpu")
+    trial_s, total, pending_s, pending_hours, bases, extrapolating = [], 0.0, 0.0, 0.0, set(), False
+    by_size: dict[int, tuple[dict, Rate]] = {}  # grids repeat a few sizes many times
+    for t in trials:
+        flops = t.flops_per_token * t.total_tokens
+        params = t.params
+        if params not in by_size:
+            want = resources(params)
+            by_size[params] = (want, Rate(measured_flops_per_s, "measured from finished runs", False)
+                               if measured_flops_per_s else table_rate(table, device, params, threads=int(want["cpu"])))
+        want, rate = by_size[params]
+        seconds = flops / rate.flops_per_s
+        trial_s.append(seconds)
+        total += flops
+        if not statuses or statuses.get(t.trial_id) not in ("done", "diverged"):  # ids cost a hash each
+            pending_s += seconds
+            share = want["gpu"] if gpu else want["cpu"]
+            pending_hours += seconds * share / 3600
+            bases.add(rate.basis)
+            extrapolating |= rate.extrapolating
+    basis = "; ".join(sorted(bases)) or "nothing left to run"
+    return Estimate(device, trial_s, total, pending_s, pending_hours, basis, extrapolating)

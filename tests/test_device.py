@@ -1,0 +1,103 @@
+"""study.device: the peak table, MFU, peak memory, compile policy; the GPU path (CUDA tests skip without one)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from study import device as D
+from study.config import TrialConfig
+from study.train import MemorySink, train
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (benchmarks/gpu_check.sh runs these)")
+
+
+def tiny(steps=6, **runtime):
+    return TrialConfig(model={"d_model": 32, "n_layers": 2, "n_heads": 2}, data={"seq_len": 16},
+                       optimizer={"name": "adam", "lr": 3e-3},
+                       train={"steps": steps, "batch_size": 4, "eval_every": 3, "eval_batch": {"sequences": 2},
+                              "checkpoint_every": 0, "invariance_check": False},
+                       runtime={"device": "cpu", **runtime})
+
+
+@pytest.mark.parametrize("name,peak", [
+    ("NVIDIA H200", 989.4e12), ("NVIDIA H100 80GB HBM3", 989.4e12), ("NVIDIA H100 PCIe", 756e12),
+    ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA L40S", 362.1e12), ("NVIDIA L4", 121e12),
+    ("cpu (x86_64, 2 threads)", None),
+])
+def test_peak_table(monkeypatch, name, peak):
+    monkeypatch.delenv("SWEEP_PEAK_FLOPS", raising=False)
+    assert D.peak_flops(name) == peak
+
+
+def test_mfu_is_model_flops_over_peak(monkeypatch):
+    monkeypatch.delenv("SWEEP_PEAK_FLOPS", raising=False)
+    assert D.mfu(6e8, 1e5, "NVIDIA H200") == pytest.approx(6e13 / 989.4e12)
+    assert D.mfu(6e8, 1e5, "cpu") is None and D.mfu(6e8, 0.0, "NVIDIA H200") is None
+    monkeypatch.setenv("SWEEP_PEAK_FLOPS", "1e12")
+    assert D.mfu(1e6, 1e5, "cpu") == pytest.approx(0.1)
+
+
+def test_compile_and_precision_policy():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert D.should_compile("auto", gpu, D.COMPILE_MIN_PARAMS) and not D.should_compile("auto", gpu, D.COMPILE_MIN_PARAMS - 1)
+    assert not D.should_compile("auto", cpu, 10**9) and D.should_compile(True, cpu, 1)
+    assert D.use_bf16("auto", gpu) and not D.use_bf16("auto", cpu) and D.use_bf16("bf16", cpu) and not D.use_bf16("fp32", gpu)
+
+
+def test_cpu_run_row_records_peak_rss_and_no_mfu(monkeypatch):
+    monkeypatch.delenv("SWEEP_PEAK_FLOPS", raising=False)
+    sink = MemorySink()
+    train(tiny(), sink)
+    row = sink.run_row
+    assert row["mfu"] is None and row["peak_memory_bytes"] > 50 * 2**20  # torch alone is more than 50 MiB
+    monkeypatch.setenv("SWEEP_PEAK_FLOPS", "1e11")
+    train(tiny(), sink)
+    assert sink.run_row["mfu"] == pytest.approx(tiny().flops_per_token * sink.run_row["tokens_per_s"] / 1e11)
+
+
+def test_bf16_autocast_on_cpu_trains():
+    sink = MemorySink()
+    s = train(tiny(steps=6, precision="bf16"), sink)
+    assert s.status == "done" and math.isfinite(s.final_val_loss)
+
+
+@pytest.mark.slow
+def test_compiled_trial_matches_eager_on_cpu():
+    """torch.compile (the CUDA default from COMPILE_MIN_PARAMS) runs on CPU too; same losses to fp tolerance."""
+    eager, compiled = MemorySink(), MemorySink()
+    a = train(tiny(steps=4, compile=False), eager)
+    b = train(tiny(steps=4, compile=True), compiled)
+    assert b.status == "done"
+    assert b.final_val_loss == pytest.approx(a.final_val_loss, rel=1e-3)
+
+
+# ---- CUDA only --------------------------------------------------------------------------------
+
+
+@cuda
+@pytest.mark.cuda
+def test_cuda_trial_records_mfu_and_peak_memory():
+    sink = MemorySink()
+    cfg = tiny(steps=20, device="cuda")
+    train(cfg, sink)
+    row = sink.run_row
+    assert row["mfu"] is not None and 0 < row["mfu"] < 1
+    assert 0 < row["peak_memory_bytes"] < torch.cuda.get_device_properties(0).total_memory
+
+
+@cuda
+@pytest.mark.cuda
+def test_cuda_memory_fraction_caps_allocations():
+    """A quarter-GPU trial cannot allocate more than a quarter of the device."""
+    import subprocess
+    import sys
+
+    code = ("import torch; from study.device import limit_memory; d = torch.device('cuda'); limit_memory(0.25, d); "
+            "total = torch.cuda.get_device_properties(0).total_memory\n"
+            "try:\n    torch.empty(int(total * 0.3), dtype=torch.uint8, device=d); print('allocated')\n"
+            "except torch.OutOfMemoryError:\n    print('refused')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+    assert out.strip() == "refused"

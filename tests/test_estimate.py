@@ -1,0 +1,79 @@
+"""sweep.estimate: the throughput table, interpolation, extrapolation flags; `sweep plan` prints
+the figures quoted in the flagship specs' headers."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from corpus_fixtures import stand_in_corpus
+from study.config import TrialConfig
+from study.device import peak_flops
+from sweep import estimate as E
+from sweep.cli import app
+
+SPECS = Path(__file__).parent.parent / "specs"
+TABLE = {"devices": {
+    "cpu": {"threads": 1, "measured": [{"params": 1e5, "flops_per_s": 1e9}, {"params": 1e7, "flops_per_s": 4e9}]},
+    "NVIDIA H200": {"measured": []},
+}}
+
+
+def test_table_interpolates_log_log_and_scales_cpu_threads():
+    r = E.table_rate(TABLE, "cpu", 10**6)
+    assert r.flops_per_s == pytest.approx(2e9) and not r.extrapolating  # halfway in log params, log rate
+    assert E.table_rate(TABLE, "cpu", 10**6, threads=4).flops_per_s == pytest.approx(8e9)
+    assert E.table_rate(TABLE, "cpu", 10**7).flops_per_s == pytest.approx(4e9)
+
+
+def test_beyond_the_measured_sizes_is_flagged():
+    r = E.table_rate(TABLE, "cpu", 10**9)
+    assert r.extrapolating and r.flops_per_s == pytest.approx(4e9) and "extrapolating beyond" in r.basis
+
+
+def test_unmeasured_gpu_extrapolates_from_its_peak_and_unknown_device_is_refused():
+    r = E.table_rate(TABLE, "NVIDIA H200", 10**8)
+    assert r.extrapolating and r.flops_per_s == pytest.approx(peak_flops("NVIDIA H200") * E.ASSUMED_MFU)
+    with pytest.raises(ValueError, match="not in the throughput table"):
+        E.table_rate(TABLE, "Abacus 3000", 10**8)
+
+
+def test_estimate_prefers_measured_runs_and_counts_gpu_share():
+    t = TrialConfig(model={"d_model": 32, "n_layers": 2, "n_heads": 2}, optimizer={"name": "adam", "lr": 1e-3},
+                    train={"steps": 100})
+    flops = t.flops_per_token * t.total_tokens
+    share = lambda params: {"cpu": 1, "gpu": 0.25}  # noqa: E731
+    est = E.estimate([t], share, {}, None, gpu=True, table=TABLE)
+    assert est.extrapolating and est.pending_s == pytest.approx(flops / (peak_flops("NVIDIA H200") * E.ASSUMED_MFU))
+    assert est.pending_device_hours == pytest.approx(est.pending_s * 0.25 / 3600)
+    measured = E.estimate([t], share, {}, 1e12, gpu=True, table=TABLE)
+    assert not measured.extrapolating and measured.trial_s[0] == pytest.approx(flops / 1e12)
+    done = E.estimate([t], share, {t.trial_id: "done"}, 1e12, gpu=True, table=TABLE)
+    assert done.pending_s == 0 and done.total_flops == pytest.approx(flops)
+
+
+def test_shipped_table_parses():
+    table = E.load_table()
+    assert "NVIDIA H200" in table["devices"]
+    for row in table["devices"].values():
+        assert all(p["flops_per_s"] > 0 and p["params"] > 0 for p in row.get("measured", []))
+
+
+@pytest.mark.parametrize("name", ["scaling.yaml", "scaling_lr.yaml"])
+def test_plan_prints_the_figures_in_the_spec_header(tmp_path, monkeypatch, name):
+    spec = SPECS / name
+    stand_in_corpus(spec, tmp_path, monkeypatch)
+    quoted = re.search(r"^#\s+(\d+/\d+ done · \S+ in all) · ([\d,]+ H200-hours)", spec.read_text(), re.M)
+    assert quoted, f"{name}: the header quotes no `sweep plan` figures"
+    result = CliRunner().invoke(app, ["plan", str(spec), "--results", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    flat = " ".join(result.output.split())
+    assert quoted.group(1) in flat and quoted.group(2) in flat and "extrapolating" in flat
+    n = int(quoted.group(1).split("/")[1].split()[0])
+    header_count = re.search(r"= (\d+) trials", spec.read_text())
+    assert header_count and int(header_count.group(1)) == n and f"{n} trials" in flat
+    assert math.isfinite(n)
