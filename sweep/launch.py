@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from analysis import storage
 from study.config import TrialConfig
 from sweep.spec import SpecError, SweepSpec
 from sweep.store import ResultsStore
@@ -35,8 +36,7 @@ class SweepOutcome:
 
 def resolve_results(results: str | Path) -> str:
     """Absolute local path (trials chdir into Ray's folders) or a URI unchanged."""
-    results = str(results)
-    return results if "://" in results else str(Path(results).expanduser().resolve())
+    return storage.normalize(results)
 
 
 def _init_ray(address: str | None, num_cpus: int | None):
@@ -48,11 +48,15 @@ def _init_ray(address: str | None, num_cpus: int | None):
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our progress bar replaces Tune's tables
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     address = address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, log_to_driver=False, configure_logging=False)
-    else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
+    # The job (not the cluster) forwards a custom S3 endpoint to its workers; never credentials.
+    env = storage.env_for_workers()
+    runtime_env = {"env_vars": env} if env else None
+    if address:  # joining: the cluster's own settings stay as they are
+        ray.init(address=address, log_to_driver=False, configure_logging=False, runtime_env=runtime_env)
+    else:  # a private local Ray: every service on loopback, no dashboard
+        ray.init(num_cpus=num_cpus, include_dashboard=False, dashboard_host="127.0.0.1",
+                 _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False,
+                 runtime_env=runtime_env)
     return ray
 
 
@@ -82,6 +86,7 @@ def run_sweep(
     t0 = time.perf_counter()
     results = resolve_results(results)
     store = ResultsStore(results, spec.name)
+    store.check_writable()  # unreachable endpoint, missing bucket, bad credentials: before Ray starts
     done = store.completed_ids()
     # Largest first: the long trials start early and the small ones fill the gaps at the end.
     todo = sorted((t for t in trials if t.trial_id not in done), key=lambda t: -t.flops_per_token * t.total_tokens)
@@ -119,7 +124,8 @@ def run_sweep(
         ),
         run_config=tune.RunConfig(
             name=time.strftime("run-%Y%m%d-%H%M%S"),
-            storage_path=f"{results}/{spec.name}/ray",
+            storage_path=f"{store.path}/ray",  # a bucket's path within store.fs (its endpoint)
+            storage_filesystem=None if store.local else store.fs,
             failure_config=tune.FailureConfig(max_failures=spec.retries),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
             callbacks=callbacks or [],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import traceback
 from pathlib import Path
 
@@ -12,8 +13,18 @@ from study.train import RunSummary, run_row, train
 from sweep.store import ResultsStore, StoreSink
 
 
+def node_label() -> str:
+    """Where this trial runs: host name and Ray node id (short)."""
+    import ray
+
+    return f"{socket.gethostname()}/{ray.get_runtime_context().get_node_id()[:12]}"
+
+
 class TuneSink(StoreSink):
     """A StoreSink that also reports progress and checkpoints to Ray Tune."""
+
+    def run(self, row: dict) -> None:
+        super().run({**row, "node": node_label()})
 
     def progress(self, info: dict) -> None:
         tune.report({"trial_id": self.trial_id, **info})
