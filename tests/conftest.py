@@ -79,3 +79,28 @@ def s3():
                 os.environ[k] = v
         proc.kill()
         proc.wait()
+
+
+def kill_own_worker():
+    """A Ray Tune callback that SIGKILLs the trial's own worker (the pid its results carry) at the
+    first result after its first checkpoint (Tune registers a checkpoint only after the result that
+    carries it), and records the steps the retry reports: `after` starts past `saved[0]` iff the
+    retry resumed. Nothing else on the machine is touched."""
+    import signal
+
+    from ray.tune import Callback
+
+    class KillOwnWorker(Callback):
+        def __init__(self):
+            self.saved, self.killed, self.after = [], [], []
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            if not self.saved and "checkpoint_step" in result:
+                self.saved.append(result["checkpoint_step"])
+            elif self.saved and not self.killed:
+                os.kill(result["pid"], signal.SIGKILL)
+                self.killed.append(result["pid"])
+            elif self.killed and result["pid"] != self.killed[0] and "step" in result:
+                self.after.append(result["step"])
+
+    return KillOwnWorker()

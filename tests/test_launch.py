@@ -3,6 +3,7 @@
 import polars as pl
 import pytest
 import ray
+from conftest import kill_own_worker
 
 from sweep.grid import expand
 from sweep.launch import run_sweep
@@ -104,42 +105,21 @@ def test_resources_no_node_has_are_refused_before_anything_starts(tmp_path, loca
 
 @pytest.mark.slow
 def test_a_killed_worker_is_retried_from_its_checkpoint_exactly_once(tmp_path, local_ray):
-    """SIGKILL the trial's worker after its first checkpoint: Tune retries it, the retry resumes
+    """SIGKILL the trial's own worker after its first checkpoint: Tune retries it, the retry resumes
     from the checkpoint, and the store ends with every row once and the uninterrupted values."""
-    import os
-    import signal
-    import subprocess
-    import threading
-    import time
-
     spec = parse_spec({**SPEC, "train": {**SPEC["train"], "steps": 400, "checkpoint_every": 100, "eval_every": 50},
                        "grid": {**SPEC["grid"], "optimizer": [{"name": "adam", "lr": 3e-3}]}, "retries": 1})
     (cfg,) = expand(spec)
-    checkpoint = tmp_path / "r" / "e2e" / "trials" / cfg.trial_id / "checkpoint.pt"
-    first_part = tmp_path / "r" / "e2e" / "curves" / f"{cfg.trial_id}.000000000-000000100.parquet"
-    killed = []
-
-    def kill_after_first_checkpoint():
-        deadline = time.time() + 120
-        while not checkpoint.exists() and time.time() < deadline:
-            time.sleep(0.05)
-        pids = subprocess.run(["pgrep", "-f", "ray::ImplicitFunc"], capture_output=True, text=True).stdout.split()
-        for pid in pids:
-            os.kill(int(pid), signal.SIGKILL)
-            killed.append(pid)
-        killed.append(first_part.stat().st_mtime_ns)
-
-    killer = threading.Thread(target=kill_after_first_checkpoint)
-    killer.start()
-    outcome = run_sweep(spec, [cfg], tmp_path / "r")
-    killer.join()
-    assert killed, "the worker was never killed"
+    killer = kill_own_worker()
+    outcome = run_sweep(spec, [cfg], tmp_path / "r", on_start=lambda todo: [killer])
+    assert len(killer.killed) == 1, "the trial's worker was never killed"
     assert outcome.failed == [] and outcome.missing == []
-    assert first_part.stat().st_mtime_ns == killed[-1], "the retry restarted instead of resuming"
+    assert killer.after and min(killer.after) > killer.saved[0], f"the retry restarted: steps {killer.after}"
 
     reference = ResultsStore(tmp_path / "ref", spec.name)
     train_trial(cfg, reference, reference.sink(cfg.trial_id))
     store = ResultsStore(tmp_path / "r", spec.name)
+    assert store.read("runs")["node"].null_count() == 0
     for table, key in (("metrics", ["step", "layer", "site", "basis", "metric"]), ("curves", ["step"])):
         got, want = store.read(table), reference.read(table)
         assert got.height == got.unique(key).height == want.height, table

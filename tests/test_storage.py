@@ -2,7 +2,6 @@
 loopback, started by tests/conftest.py)."""
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +9,7 @@ from pathlib import Path
 import polars as pl
 import pyarrow.fs as pafs
 import pytest
-from conftest import S3_ENV, free_port, start_moto
+from conftest import S3_ENV, free_port, kill_own_worker, start_moto
 from typer.testing import CliRunner
 
 from analysis import storage
@@ -173,24 +172,11 @@ def test_a_killed_worker_resumes_from_its_tune_checkpoint_on_s3(s3, tmp_path):
     """The remote path of sweep/trainable.py: no trial folder; the retry restores Tune's checkpoint
     from the bucket and goes on from its step. Every row once, equal to an uninterrupted run."""
     import ray
-    from ray.tune import Callback
-
     from sweep.grid import expand
     from sweep.launch import run_sweep
     from sweep.spec import parse_spec
     from sweep.store import ResultsStore
     from sweep.trainable import train_trial
-
-    class KillAfterFirstCheckpoint(Callback):
-        killed: list = []
-        after: list = []
-
-        def on_trial_result(self, iteration, trials, trial, result, **info):
-            if not self.killed and "checkpoint_step" in result:
-                self.killed.append((result["pid"], result["checkpoint_step"]))
-                os.kill(result["pid"], signal.SIGKILL)
-            elif self.killed and result["pid"] != self.killed[0][0] and "step" in result:
-                self.after.append(result["step"])
 
     spec = parse_spec({"name": "kill", "data": {"seq_len": 16},
                        "train": {"steps": 300, "batch_size": 4, "eval_every": 50, "checkpoint_every": 100,
@@ -199,16 +185,16 @@ def test_a_killed_worker_resumes_from_its_tune_checkpoint_on_s3(s3, tmp_path):
                                 "optimizer": [{"name": "adam", "lr": 3e-3}], "norm": ["rmsnorm_scalar"], "seed": [0]},
                        "resources": {"cpu": 1}, "retries": 1})
     (cfg,) = expand(spec)
+    killer = kill_own_worker()
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False,
              _node_ip_address="127.0.0.1")
     try:
-        outcome = run_sweep(spec, [cfg], "s3://bars/killed", on_start=lambda todo: [KillAfterFirstCheckpoint()])
+        outcome = run_sweep(spec, [cfg], "s3://bars/killed", on_start=lambda todo: [killer])
     finally:
         ray.shutdown()
-    assert KillAfterFirstCheckpoint.killed, "the worker was never killed"
+    assert len(killer.killed) == 1, "the trial's worker was never killed"
     assert outcome.failed == [] and outcome.missing == []
-    (_, at), after = KillAfterFirstCheckpoint.killed[0], KillAfterFirstCheckpoint.after
-    assert after and min(after) > at, f"the retry restarted (steps {after}) instead of resuming from {at}"
+    assert killer.after and min(killer.after) > killer.saved[0], f"the retry restarted: steps {killer.after}"
     assert any("/kill/ray/" in k and "checkpoint" in k for k in objects("s3://bars/killed"))
 
     reference = ResultsStore(tmp_path / "ref", spec.name)
