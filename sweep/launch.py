@@ -39,6 +39,20 @@ def resolve_results(results: str | Path) -> str:
     return storage.normalize(results)
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def _loopback_only() -> None:
+    """Make this process's Ray use 127.0.0.1 as its node address. Ray 2.60 on Linux rewrites a
+    loopback node address to the machine's outward IP (and then listens on every interface); its
+    macOS/Windows setting (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: single-node Ray on loopback) keeps
+    it, and Ray's servers then bind 127.0.0.1 only. Set for the processes Ray starts from here too."""
+    from ray._private import ray_constants
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False  # read at call time; ray may be imported already
+
+
 def _init_ray(address: str | None, num_cpus: int | None):
     import ray
 
@@ -52,8 +66,12 @@ def _init_ray(address: str | None, num_cpus: int | None):
     env = storage.env_for_workers()
     runtime_env = {"env_vars": env} if env else None
     if address:  # joining: the cluster's own settings stay as they are
+        host = address.removeprefix("ray://").rsplit(":", 1)[0].strip("[]")
+        if host in LOOPBACK:  # a cluster on loopback is reached over loopback, as itself
+            _loopback_only()
         ray.init(address=address, log_to_driver=False, configure_logging=False, runtime_env=runtime_env)
     else:  # a private local Ray: every service on loopback, no dashboard
+        _loopback_only()
         ray.init(num_cpus=num_cpus, include_dashboard=False, dashboard_host="127.0.0.1",
                  _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False,
                  runtime_env=runtime_env)
