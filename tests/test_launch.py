@@ -125,3 +125,67 @@ def test_a_killed_worker_is_retried_from_its_checkpoint_exactly_once(tmp_path, l
         assert got.height == got.unique(key).height == want.height, table
         drop = ["tokens_per_s"] if table == "curves" else []
         assert got.drop(drop).sort(key).equals(want.drop(drop).sort(key)), table
+
+
+def loopback(ip: str) -> bool:
+    import ipaddress
+
+    addr = ipaddress.ip_address(ip)
+    return addr.is_loopback or bool(getattr(addr, "ipv4_mapped", None) and addr.ipv4_mapped.is_loopback)
+
+
+@pytest.mark.slow
+def test_a_local_ray_listens_on_loopback_only_and_dies_with_its_driver(tmp_path):
+    """`sweep run` without --address starts a private Ray: every port its processes (the ones this
+    driver started) listen on is loopback, and after the driver is SIGKILLed none outlives it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+    import yaml
+
+    spec = tmp_path / "long.yaml"
+    spec.write_text(yaml.safe_dump({**SPEC, "train": {**SPEC["train"], "steps": 100000, "checkpoint_every": 0},
+                                    "grid": {**SPEC["grid"], "optimizer": [{"name": "adam", "lr": 3e-3}]}}))
+    proc = subprocess.Popen([sys.executable, "-m", "sweep.cli", "run", str(spec), "--results", str(tmp_path / "r")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    ours: dict[int, psutil.Process] = {}
+    try:
+        deadline = time.time() + 180
+        while not list((tmp_path / "r" / "e2e" / "trials").glob("*/config.json")):  # the trial is running
+            assert time.time() < deadline and proc.poll() is None, "the trial never started"
+            time.sleep(0.2)
+        driver = psutil.Process(proc.pid)
+        ours = {p.pid: p for p in [driver, *driver.children(recursive=True)]}
+        listening = [(p.name(), c.laddr) for p in ours.values() for c in p.net_connections("inet")
+                     if c.status == psutil.CONN_LISTEN]
+        assert any(name.startswith("gcs_server") for name, _ in listening), listening  # we saw Ray's ports
+        assert all(loopback(addr.ip) for _, addr in listening), listening
+        os.kill(proc.pid, signal.SIGKILL)  # the driver only: its Ray must follow by itself
+        proc.wait()
+
+        def alive(names=None):
+            return [(p.pid, p.name()) for p in ours.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+                    and (names is None or p.name() not in names)]
+
+        # Ray's two agents first try to tell the (dead) GCS that their raylet died, with a timeout
+        # hard-coded to 60 s in Ray 2.60 (ray._private.utils.publish_error_to_driver); everything
+        # that serves or computes (GCS, raylet, workers) must be gone within seconds.
+        agents = {"ray::DashboardAgent", "ray::RuntimeEnvAgent"}
+        deadline = time.time() + 10
+        while alive(agents) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not alive(agents), f"outlived the driver: {alive(agents)}"
+        deadline = time.time() + 80
+        while alive() and time.time() < deadline:
+            time.sleep(0.5)
+        assert not alive(), f"outlived the driver: {alive()}"
+    finally:
+        for p in ours.values():  # only what this test's driver started
+            if p.is_running():
+                p.kill()
+        if proc.poll() is None:
+            proc.kill()
