@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,15 +79,19 @@ def _init_ray(address: str | None, num_cpus: int | None):
     return ray
 
 
-def check_resources(ray, demands: dict[str, dict[str, float]]) -> None:
-    """Fail before starting when a trial asks for more than any node has."""
+def check_resources(ray, demands: dict[str, dict[str, float]], *, autoscaling: bool = False) -> None:
+    """Fail before starting when a trial asks for more than any node has. On a cluster that may
+    autoscale (one we joined) GPU nodes can start at zero: say so on stderr and let them come."""
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
     best = {k: max((n.get(k, 0.0) for n in nodes), default=0.0) for k in ("CPU", "GPU")}
     for trial_id, want in demands.items():
         if want["cpu"] > best["CPU"] or want["gpu"] > best["GPU"]:
-            raise SpecError(
-                f"resources: trial {trial_id} needs cpu={want['cpu']:g} gpu={want['gpu']:g}, but the "
-                f"largest node has cpu={best['CPU']:g} gpu={best['GPU']:g}")
+            message = (f"resources: trial {trial_id} needs cpu={want['cpu']:g} gpu={want['gpu']:g}, but the "
+                       f"largest node has cpu={best['CPU']:g} gpu={best['GPU']:g}")
+            if not autoscaling:
+                raise SpecError(message)
+            print(f"note: {message} now; waiting for the cluster's autoscaler to add one", file=sys.stderr)
+            return
 
 
 def run_sweep(
@@ -118,7 +123,7 @@ def run_sweep(
     from sweep.trainable import run_trial
 
     demands = {t.trial_id: spec.resources.for_params(t.params) for t in todo}
-    check_resources(ray, demands)
+    check_resources(ray, demands, autoscaling=bool(address or os.environ.get("RAY_ADDRESS")))
 
     def resources(config: dict):
         want = config["resources"]
