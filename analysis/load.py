@@ -20,6 +20,7 @@ from typing import Any
 
 import polars as pl
 
+from analysis import storage
 from analysis.schema import (  # re-exported: the contract lives in schema.py
     CHECKS_SCHEMA,
     CURVES_SCHEMA,
@@ -41,6 +42,7 @@ __all__ = [
     "NoSweepError",
     "Results",
     "config_label",
+    "find_sweep",
     "load",
     "rotation_label",
 ]
@@ -104,12 +106,13 @@ def load(path: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | N
     ``path`` is the sweep folder (one holding ``runs/``, ``metrics/``, ``curves/`` or
     ``checks/``), or a results folder holding exactly one sweep folder. Raises
     ``NoSweepError`` (a ``ValueError``) when it holds none, or several (listing them).
-    ``storage_options`` go to ``pl.scan_parquet`` for remote paths; listing uses pyarrow's
-    filesystem for the URI, which takes credentials from the environment.
+    ``storage_options`` go to ``pl.scan_parquet`` for remote paths (default: derived by
+    ``analysis.storage`` from the environment, e.g. ``AWS_ENDPOINT_URL``); listing uses the
+    same pyarrow filesystem as the writer.
     """
     fs, root, prefix = _filesystem(path)
     sweep = _find_sweep(fs, root, display=str(path))
-    opts = dict(storage_options) if storage_options else None
+    opts = dict(storage_options) if storage_options else storage.storage_options(path)
     tables: dict[str, pl.LazyFrame] = {}
     files: dict[str, tuple[str, ...]] = {}
     for table in TABLES:
@@ -132,6 +135,13 @@ def rotation_label() -> pl.Expr:
     return pl.coalesce(pl.col("rotation_label"), derived).alias("rotation_label")
 
 
+def find_sweep(path: str | os.PathLike[str]) -> str:
+    """The sweep folder (path or URI) at ``path``: itself, or the one sweep inside it.
+    Raises ``NoSweepError`` like ``load``."""
+    fs, root, prefix = _filesystem(path)
+    return prefix + _find_sweep(fs, root, display=str(path))
+
+
 def config_label(
     parts: Sequence[str] = ("optimizer", "norm", "rotation"), *, sep: str = " · "
 ) -> pl.Expr:
@@ -152,15 +162,9 @@ def config_label(
 
 def _filesystem(path: str | os.PathLike[str]) -> tuple[Any, str, str]:
     """(pyarrow filesystem, root path within it, URI prefix to put back for polars)."""
-    from pyarrow import fs as pafs
-
-    text = os.fspath(path)
-    if "://" in text and not text.startswith("file://"):
-        scheme = text.split("://", 1)[0]
-        filesystem, root = pafs.FileSystem.from_uri(text)
-        return filesystem, root.rstrip("/"), f"{scheme}://"
-    local = text.removeprefix("file://")
-    return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(local)), ""
+    fs, root = storage.filesystem(path)
+    s = storage.scheme(path)
+    return fs, root.rstrip("/") or root, f"{s}://" if s else ""
 
 
 def _info(fs: Any, path: str) -> Any:

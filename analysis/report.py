@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import polars as pl
 
-from analysis import charts, fits, queries
+from analysis import charts, fits, queries, storage
 from analysis.load import Results, config_label, load
 
 __all__ = ["DEFAULT_FITS", "FitSpec", "ReportResult", "write_report"]
@@ -404,16 +404,10 @@ class _Writer:
     """Writes bytes under a local folder or an ``s3://`` / ``gs://`` prefix."""
 
     def __init__(self, out: str) -> None:
-        from pyarrow import fs as pafs
-
         self.out = out.rstrip("/")
-        if "://" in out and not out.startswith("file://"):
-            self.fs, self.root = pafs.FileSystem.from_uri(out)
-            self.prefix = out.split("://", 1)[0] + "://"
-        else:
-            self.fs = pafs.LocalFileSystem()
-            self.root = os.path.abspath(out.removeprefix("file://"))
-            self.prefix = ""
+        self.fs, self.root = storage.filesystem(out)
+        s = storage.scheme(out)
+        self.prefix = f"{s}://" if s else ""
         self.fs.create_dir(self.root, recursive=True)
 
     def uri(self, name: str) -> str:

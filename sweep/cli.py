@@ -19,7 +19,11 @@ out = Console(width=None if sys.stdout.isatty() else 160)  # piped output keeps 
 err = Console(stderr=True)
 
 SpecArg = Annotated[Path, typer.Argument(help="Sweep spec YAML (see specs/).", show_default=False)]
-ResultsOpt = Annotated[Path, typer.Option("--results", "-r", help="Results root; the sweep writes <results>/<spec name>/.")]
+ResultsOpt = Annotated[str, typer.Option("--results", "-r", help="Results root, a folder or s3:// / gs:// URI; "
+                                         "the sweep writes <results>/<spec name>/. A custom S3 endpoint comes "
+                                         "from AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3).")]
+SweepArg = Annotated[str, typer.Argument(help="A sweep's results folder or URI (results/<name>, s3://bucket/study/<name>).",
+                                         show_default=False)]
 
 
 def bad_input(message: str) -> typer.Exit:
@@ -56,16 +60,27 @@ def duration(seconds: float) -> str:
     return f"{seconds / 86400:,.0f}d"
 
 
-def sweep_folder(results: Path) -> Path:
-    """Accept a sweep folder or a results root holding exactly one sweep."""
-    if (results / "runs").is_dir() or (results / "metrics").is_dir():
-        return results
-    subs = [p for p in results.iterdir() if p.is_dir() and (p / "runs").is_dir()] if results.is_dir() else []
-    if len(subs) == 1:
-        return subs[0]
-    if not subs:
-        raise bad_input(f"{results}: no sweep results here (expected a folder with runs/ and metrics/)")
-    raise bad_input(f"{results}: holds several sweeps ({', '.join(p.name for p in subs)}); name one")
+def sweep_folder(results: str) -> str:
+    """A sweep folder or URI, or a results root holding exactly one sweep -> the sweep's path/URI."""
+    from analysis.load import NoSweepError, find_sweep
+
+    try:
+        return find_sweep(results)
+    except (NoSweepError, OSError) as exc:  # StorageError is a ValueError like NoSweepError
+        raise bad_input(str(exc).splitlines()[0]) from None
+
+
+def open_store(results: str, sweep: str):
+    """The ResultsStore at results/sweep, or exit 2 when it cannot be reached or written."""
+    from analysis.storage import StorageError
+    from sweep.store import ResultsStore
+
+    try:
+        store = ResultsStore(results, sweep)
+        store.check_writable()
+        return store
+    except StorageError as exc:
+        raise bad_input(str(exc)) from None
 
 
 # ---- plan ------------------------------------------------------------------------------------
@@ -74,17 +89,16 @@ def sweep_folder(results: Path) -> Path:
 @app.command()
 def plan(
     spec_path: SpecArg,
-    results: ResultsOpt = Path("results"),
+    results: ResultsOpt = "results",
     all_rows: Annotated[bool, typer.Option("--all", help="List every trial, not the first 40.")] = False,
     device: Annotated[Optional[str], typer.Option(help="Device to estimate for (a sweep/throughput.json row or a "
                                                        "GPU name); default: cpu, or NVIDIA H200 for GPU specs.")] = None,
 ) -> None:
     """List the grid: trial ids, shapes, parameters, tokens, FLOPs, estimated time, done or not."""
     from sweep.estimate import estimate
-    from sweep.store import ResultsStore
 
     spec, trials = load(spec_path)
-    store = ResultsStore(results, spec.name)
+    store = open_store(results, spec.name)
     runs = store.read("runs")  # once: statuses and measured throughput both come from it
     statuses = dict(zip(runs["trial_id"].to_list(), runs["status"].to_list()))
     flops_per_s = None
@@ -127,7 +141,7 @@ def plan(
 @app.command()
 def run(
     spec_path: SpecArg,
-    results: ResultsOpt = Path("results"),
+    results: ResultsOpt = "results",
     address: Annotated[Optional[str], typer.Option(help="Ray cluster address (default: RAY_ADDRESS, else a local Ray).")] = None,
     max_concurrent: Annotated[Optional[int], typer.Option("--max-concurrent", min=1, help="Most trials at once.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate and show what would run; start nothing.")] = False,
@@ -135,6 +149,7 @@ def run(
     """Run every trial of the spec not yet complete in the store."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+    from analysis import storage
     from sweep.launch import run_sweep
     from sweep.spec import SpecError
 
@@ -142,11 +157,13 @@ def run(
     if dry_run:
         plan(spec_path, results)
         return
+    open_store(results, spec.name)  # exit 2 before Ray starts when the store is unreachable
+    folder = storage.join(storage.normalize(results), spec.name)
 
     def on_start(todo):
         skipped = len(trials) - len(todo)
         out.print(f"[bold]{spec.name}[/]: {len(trials)} trials, {skipped} already complete, {len(todo)} to run"
-                  f" → {Path(results) / spec.name}")
+                  f" → {folder}")
         from sweep.progress import ProgressCallback
 
         return [ProgressCallback(todo, progress)] if todo else None
@@ -157,9 +174,8 @@ def run(
         with progress:
             outcome = run_sweep(spec, trials, results, address=address, max_concurrent=max_concurrent,
                                 on_start=on_start)
-    except SpecError as exc:
+    except (SpecError, storage.StorageError) as exc:
         raise bad_input(str(exc)) from None
-    folder = Path(results) / spec.name
     out.print(f"{outcome.launched} trials run, {outcome.skipped} skipped, in {duration(outcome.wall_s)}. "
               f"Results: [bold]{folder}[/]")
     if outcome.launched:
@@ -176,17 +192,21 @@ def run(
 
 
 @app.command()
-def status(results: Annotated[Path, typer.Argument(help="A sweep's results folder (results/<name>).")]) -> None:
+def status(results: SweepArg) -> None:
     """Counts of done / failed / diverged / started trials, and each failure's error line."""
+    import pyarrow.fs as pafs
+
+    from analysis import storage
     from sweep.store import ResultsStore
 
     folder = sweep_folder(results)
-    store = ResultsStore(folder.parent, folder.name)
+    store = ResultsStore(storage.parent(folder), storage.name(folder))
     runs = store.read("runs")
     counts = runs.group_by("status").len().sort("status")
-    started = {p.name for p in (folder / "trials").iterdir()} if (folder / "trials").is_dir() else set()
+    listing = store.fs.get_file_info(pafs.FileSelector(f"{store.path}/trials", allow_not_found=True))
+    started = {i.base_name for i in listing if i.type == pafs.FileType.Directory}
     unfinished = started - set(runs["trial_id"].to_list())
-    table = Table(title=f"{folder.name}: {runs.height} trials with a result")
+    table = Table(title=f"{store.sweep}: {runs.height} trials with a result")
     table.add_column("status")
     table.add_column("trials", justify="right")
     for s, n in counts.iter_rows():
@@ -210,7 +230,7 @@ def status(results: Annotated[Path, typer.Argument(help="A sweep's results folde
 def train_one(
     spec_path: SpecArg,
     trial: Annotated[str, typer.Option("--trial", "-t", help="Trial id (or unique prefix) or 0-based grid index.")],
-    results: ResultsOpt = Path("results"),
+    results: ResultsOpt = "results",
 ) -> None:
     """Run one trial in-process, without Ray (debugging, benchmarks); writes the store."""
     from sweep.grid import select
@@ -223,7 +243,7 @@ def train_one(
         cfg = select(trials, trial)
     except SpecError as exc:
         raise bad_input(str(exc)) from None
-    store = ResultsStore(results, spec.name)
+    store = open_store(results, spec.name)
     m = cfg.model
     out.print(f"trial {cfg.trial_id}: d_model {m.d_model}, {m.n_layers} layers, {cfg.norm}, "
               f"{cfg.rotation.label}, {cfg.optimizer.name} lr {cfg.optimizer.lr:g}, seed {cfg.seed}; "
@@ -250,8 +270,8 @@ def train_one(
 
 @app.command()
 def report(
-    results: Annotated[Path, typer.Argument(help="A sweep's results folder (results/<name>).")],
-    out_dir: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output folder (default <results>/report).")] = None,
+    results: SweepArg,
+    out_dir: Annotated[Optional[str], typer.Option("--out", "-o", help="Output folder or URI (default <results>/report).")] = None,
     formats: Annotated[str, typer.Option("--format", "-f", help="Comma-separated: svg,png,pdf,html.")] = "svg,png",
 ) -> None:
     """Fit power laws and write paper-ready charts, tables and an index.html."""
@@ -264,33 +284,44 @@ def report(
     folder = sweep_folder(results)
     try:
         result = write_report(folder, out=out_dir, formats=fmts, on_progress=lambda m: out.print(f"  {m}"))
-    except ValueError as exc:
-        raise bad_input(str(exc)) from None
-    out.print(f"Report: [bold]{getattr(result, 'index', None) or out_dir or folder / 'report'}[/]")
+    except (ValueError, OSError) as exc:
+        raise bad_input(str(exc).splitlines()[0]) from None
+    out.print(f"Report: [bold]{getattr(result, 'index', None) or out_dir or folder + '/report'}[/]")
 
 
 @app.command()
 def query(
-    results: Annotated[Path, typer.Argument(help="A sweep's results folder (results/<name>).")],
+    results: SweepArg,
     sql: Annotated[str, typer.Argument(help="Polars SQL over the tables runs, metrics, curves, checks.")],
-    out_file: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write to .csv or .parquet instead of printing.")] = None,
+    out_file: Annotated[Optional[str], typer.Option("--out", "-o", help="Write to .csv or .parquet (a path or URI) instead of printing.")] = None,
     limit: Annotated[int, typer.Option(help="Rows to print.")] = 50,
 ) -> None:
     """Run SQL over the results and print a table (or write it with --out)."""
+    import io
+
     import polars as pl
 
+    from analysis import storage
     from analysis.load import load as load_results
     from analysis.queries import sql as run_sql
 
     folder = sweep_folder(results)
-    if out_file is not None and out_file.suffix not in (".csv", ".parquet"):
+    if out_file is not None and not out_file.endswith((".csv", ".parquet")):
         raise bad_input(f"--out: {out_file} must end in .csv or .parquet")
     try:
         frame = run_sql(load_results(folder), sql)
-    except (pl.exceptions.PolarsError, ValueError) as exc:
+    except (pl.exceptions.PolarsError, ValueError, OSError) as exc:
         raise bad_input(f"query: {str(exc).splitlines()[0]}") from None
     if out_file is not None:
-        frame.write_csv(out_file) if out_file.suffix == ".csv" else frame.write_parquet(out_file)
+        buf = io.BytesIO()
+        frame.write_csv(buf) if out_file.endswith(".csv") else frame.write_parquet(buf)
+        try:  # a local folder that does not exist yet is created; a URI is written through pyarrow
+            fs, path = storage.filesystem(out_file)
+            fs.create_dir(storage.parent(path), recursive=True)
+            with fs.open_output_stream(path) as f:
+                f.write(buf.getvalue())
+        except (OSError, ValueError) as exc:
+            raise bad_input(f"--out: {out_file}: {str(exc).splitlines()[0]}") from None
         out.print(f"{frame.height} rows → {out_file}")
         return
     with pl.Config(tbl_rows=limit, tbl_cols=-1, tbl_width_chars=200, fmt_str_lengths=60):

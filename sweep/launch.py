@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from analysis import storage
 from study.config import TrialConfig
 from sweep.spec import SpecError, SweepSpec
 from sweep.store import ResultsStore
@@ -35,8 +37,21 @@ class SweepOutcome:
 
 def resolve_results(results: str | Path) -> str:
     """Absolute local path (trials chdir into Ray's folders) or a URI unchanged."""
-    results = str(results)
-    return results if "://" in results else str(Path(results).expanduser().resolve())
+    return storage.normalize(results)
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def _loopback_only() -> None:
+    """Make this process's Ray use 127.0.0.1 as its node address. Ray 2.60 on Linux rewrites a
+    loopback node address to the machine's outward IP (and then listens on every interface); its
+    macOS/Windows setting (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: single-node Ray on loopback) keeps
+    it, and Ray's servers then bind 127.0.0.1 only. Set for the processes Ray starts from here too."""
+    from ray._private import ray_constants
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False  # read at call time; ray may be imported already
 
 
 def _init_ray(address: str | None, num_cpus: int | None):
@@ -48,23 +63,36 @@ def _init_ray(address: str | None, num_cpus: int | None):
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our progress bar replaces Tune's tables
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     address = address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, log_to_driver=False, configure_logging=False)
-    else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
+    # The job (not the cluster) forwards a custom S3 endpoint to its workers; never credentials.
+    env = storage.env_for_workers()
+    runtime_env = {"env_vars": env} if env else None
+    if address:  # joining: the cluster's own settings stay as they are
+        host = address.removeprefix("ray://").rsplit(":", 1)[0].strip("[]")
+        if host in LOOPBACK:  # a cluster on loopback is reached over loopback, as itself
+            _loopback_only()
+        ray.init(address=address, log_to_driver=False, configure_logging=False, runtime_env=runtime_env)
+    else:  # a private local Ray: every service on loopback, no dashboard
+        _loopback_only()
+        # address="local": a new private instance, never a cluster someone else started here.
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, dashboard_host="127.0.0.1",
+                 _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False,
+                 runtime_env=runtime_env)
     return ray
 
 
-def check_resources(ray, demands: dict[str, dict[str, float]]) -> None:
-    """Fail before starting when a trial asks for more than any node has."""
+def check_resources(ray, demands: dict[str, dict[str, float]], *, autoscaling: bool = False) -> None:
+    """Fail before starting when a trial asks for more than any node has. On a cluster that may
+    autoscale (one we joined) GPU nodes can start at zero: say so on stderr and let them come."""
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
     best = {k: max((n.get(k, 0.0) for n in nodes), default=0.0) for k in ("CPU", "GPU")}
     for trial_id, want in demands.items():
         if want["cpu"] > best["CPU"] or want["gpu"] > best["GPU"]:
-            raise SpecError(
-                f"resources: trial {trial_id} needs cpu={want['cpu']:g} gpu={want['gpu']:g}, but the "
-                f"largest node has cpu={best['CPU']:g} gpu={best['GPU']:g}")
+            message = (f"resources: trial {trial_id} needs cpu={want['cpu']:g} gpu={want['gpu']:g}, but the "
+                       f"largest node has cpu={best['CPU']:g} gpu={best['GPU']:g}")
+            if not autoscaling:
+                raise SpecError(message)
+            print(f"note: {message} now; waiting for the cluster's autoscaler to add one", file=sys.stderr)
+            return
 
 
 def run_sweep(
@@ -82,6 +110,7 @@ def run_sweep(
     t0 = time.perf_counter()
     results = resolve_results(results)
     store = ResultsStore(results, spec.name)
+    store.check_writable()  # unreachable endpoint, missing bucket, bad credentials: before Ray starts
     done = store.completed_ids()
     # Largest first: the long trials start early and the small ones fill the gaps at the end.
     todo = sorted((t for t in trials if t.trial_id not in done), key=lambda t: -t.flops_per_token * t.total_tokens)
@@ -95,7 +124,7 @@ def run_sweep(
     from sweep.trainable import run_trial
 
     demands = {t.trial_id: spec.resources.for_params(t.params) for t in todo}
-    check_resources(ray, demands)
+    check_resources(ray, demands, autoscaling=bool(address or os.environ.get("RAY_ADDRESS")))
 
     def resources(config: dict):
         want = config["resources"]
@@ -119,7 +148,8 @@ def run_sweep(
         ),
         run_config=tune.RunConfig(
             name=time.strftime("run-%Y%m%d-%H%M%S"),
-            storage_path=f"{results}/{spec.name}/ray",
+            storage_path=f"{store.path}/ray",  # a bucket's path within store.fs (its endpoint)
+            storage_filesystem=None if store.local else store.fs,
             failure_config=tune.FailureConfig(max_failures=spec.retries),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
             callbacks=callbacks or [],

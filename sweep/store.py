@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from analysis import storage
 from analysis.schema import ARROW, FINISHED, TABLES
 
 SCHEMAS: dict[str, pa.Schema] = ARROW  # the contract: analysis/schema.py
@@ -40,14 +41,14 @@ class ResultsStore:
     """One sweep's folder of Parquet tables (local path or s3:// / gs:// URI)."""
 
     def __init__(self, root: str | Path, sweep: str):
-        self.uri = f"{str(root).rstrip('/')}/{sweep}"
+        self.uri = storage.join(storage.normalize(root), sweep)
         self.sweep = sweep
-        if "://" in self.uri:
-            self.fs, self.path = pafs.FileSystem.from_uri(self.uri)
-            self.local = False
-        else:
-            self.fs, self.path = pafs.LocalFileSystem(), str(Path(self.uri).resolve())
-            self.local = True
+        self.local = not storage.is_remote(self.uri)
+        self.fs, self.path = storage.filesystem(self.uri)
+
+    def check_writable(self) -> None:
+        """StorageError (one line) when the store cannot be reached or written; writes nothing."""
+        storage.check_writable(self.uri)
 
     # -- low-level ----------------------------------------------------------------------
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+import socket
+import tempfile
 import traceback
 from pathlib import Path
 
@@ -12,8 +15,18 @@ from study.train import RunSummary, run_row, train
 from sweep.store import ResultsStore, StoreSink
 
 
+def node_label() -> str:
+    """Where this trial runs: host name and Ray node id (short)."""
+    import ray
+
+    return f"{socket.gethostname()}/{ray.get_runtime_context().get_node_id()[:12]}"
+
+
 class TuneSink(StoreSink):
     """A StoreSink that also reports progress and checkpoints to Ray Tune."""
+
+    def run(self, row: dict) -> None:
+        super().run({**row, "node": node_label()})
 
     def progress(self, info: dict) -> None:
         tune.report({"trial_id": self.trial_id, **info})
@@ -52,15 +65,22 @@ def run_trial(config: dict) -> None:
     cfg = TrialConfig.model_validate_json(config["point"]["trial"])
     store = ResultsStore(config["results"], cfg.sweep)
     sink = TuneSink(store, cfg.trial_id)
-    local_dir = store.trial_dir(cfg.trial_id)
     checkpoint = tune.get_checkpoint()
-    if local_dir is not None or checkpoint is None:
-        # A local store keeps the newest checkpoint in the trial folder: resume from it directly.
-        scratch = None if local_dir is not None else Path(tune.get_context().get_trial_dir()) / "checkpoint"
-        summary = train_trial(cfg, store, sink, checkpoint_dir=scratch)
+    if store.local:
+        # A local (shared) store keeps the newest checkpoint in the trial folder: resume from it.
+        summary = train_trial(cfg, store, sink)
     else:
-        with checkpoint.as_directory() as restored:
-            scratch = Path(tune.get_context().get_trial_dir()) / "checkpoint"
-            summary = train_trial(cfg, store, sink, resume_from=Path(restored), checkpoint_dir=scratch)
+        # An object store: checkpoints travel as Tune checkpoints under <results>/<sweep>/ray/. The
+        # scratch folder is fresh on every (re)start, so a retry on another node resumes from the
+        # bucket, never from a disk it may not have.
+        scratch = Path(tempfile.mkdtemp(prefix=f"sweep-{cfg.trial_id}-"))
+        try:
+            if checkpoint is None:
+                summary = train_trial(cfg, store, sink, checkpoint_dir=scratch)
+            else:
+                with checkpoint.as_directory() as restored:
+                    summary = train_trial(cfg, store, sink, resume_from=Path(restored), checkpoint_dir=scratch)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
     tune.report({"trial_id": cfg.trial_id, "status": summary.status, "step": summary.steps,
                  "total_steps": cfg.total_steps, "val_loss": summary.final_val_loss, "finished": True})

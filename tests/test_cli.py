@@ -49,7 +49,7 @@ def test_train_then_status_then_query(tmp_path):
 def test_unknown_trial_and_missing_results_exit_2(tmp_path):
     assert invoke("train", SMOKE, "--trial", "7", "--results", tmp_path).exit_code == 2
     result = invoke("status", tmp_path)
-    assert result.exit_code == 2 and "no sweep results" in result.output
+    assert result.exit_code == 2 and "no sweep found" in result.output
 
 
 def test_bad_query_exits_2(tmp_path):

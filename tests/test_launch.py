@@ -3,6 +3,7 @@
 import polars as pl
 import pytest
 import ray
+from conftest import kill_own_worker
 
 from sweep.grid import expand
 from sweep.launch import run_sweep
@@ -24,7 +25,7 @@ SPEC = {
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
     ray.shutdown()
 
@@ -77,7 +78,7 @@ def test_sweep_train_and_sweep_run_give_the_same_rows(tmp_path, local_ray):
     for table, drop in (("metrics", []), ("curves", ["tokens_per_s"]), ("checks", [])):
         a, b = in_process.read(table).drop(drop), via_ray.read(table).drop(drop)
         assert a.sort(a.columns).equals(b.sort(b.columns)), table
-    volatile = ["tokens_per_s", "wall_s", "device", "mfu", "peak_memory_bytes"]  # measured, not results
+    volatile = ["tokens_per_s", "wall_s", "device", "node", "mfu", "peak_memory_bytes"]  # measured or placed, not results
     assert in_process.read("runs").drop(volatile).equals(via_ray.read("runs").drop(volatile))
 
 
@@ -104,44 +105,87 @@ def test_resources_no_node_has_are_refused_before_anything_starts(tmp_path, loca
 
 @pytest.mark.slow
 def test_a_killed_worker_is_retried_from_its_checkpoint_exactly_once(tmp_path, local_ray):
-    """SIGKILL the trial's worker after its first checkpoint: Tune retries it, the retry resumes
+    """SIGKILL the trial's own worker after its first checkpoint: Tune retries it, the retry resumes
     from the checkpoint, and the store ends with every row once and the uninterrupted values."""
-    import os
-    import signal
-    import subprocess
-    import threading
-    import time
-
     spec = parse_spec({**SPEC, "train": {**SPEC["train"], "steps": 400, "checkpoint_every": 100, "eval_every": 50},
                        "grid": {**SPEC["grid"], "optimizer": [{"name": "adam", "lr": 3e-3}]}, "retries": 1})
     (cfg,) = expand(spec)
-    checkpoint = tmp_path / "r" / "e2e" / "trials" / cfg.trial_id / "checkpoint.pt"
-    first_part = tmp_path / "r" / "e2e" / "curves" / f"{cfg.trial_id}.000000000-000000100.parquet"
-    killed = []
-
-    def kill_after_first_checkpoint():
-        deadline = time.time() + 120
-        while not checkpoint.exists() and time.time() < deadline:
-            time.sleep(0.05)
-        pids = subprocess.run(["pgrep", "-f", "ray::ImplicitFunc"], capture_output=True, text=True).stdout.split()
-        for pid in pids:
-            os.kill(int(pid), signal.SIGKILL)
-            killed.append(pid)
-        killed.append(first_part.stat().st_mtime_ns)
-
-    killer = threading.Thread(target=kill_after_first_checkpoint)
-    killer.start()
-    outcome = run_sweep(spec, [cfg], tmp_path / "r")
-    killer.join()
-    assert killed, "the worker was never killed"
+    killer = kill_own_worker()
+    outcome = run_sweep(spec, [cfg], tmp_path / "r", on_start=lambda todo: [killer])
+    assert len(killer.killed) == 1, "the trial's worker was never killed"
     assert outcome.failed == [] and outcome.missing == []
-    assert first_part.stat().st_mtime_ns == killed[-1], "the retry restarted instead of resuming"
+    assert killer.after and min(killer.after) > killer.saved[0], f"the retry restarted: steps {killer.after}"
 
     reference = ResultsStore(tmp_path / "ref", spec.name)
     train_trial(cfg, reference, reference.sink(cfg.trial_id))
     store = ResultsStore(tmp_path / "r", spec.name)
+    assert store.read("runs")["node"].null_count() == 0
     for table, key in (("metrics", ["step", "layer", "site", "basis", "metric"]), ("curves", ["step"])):
         got, want = store.read(table), reference.read(table)
         assert got.height == got.unique(key).height == want.height, table
         drop = ["tokens_per_s"] if table == "curves" else []
         assert got.drop(drop).sort(key).equals(want.drop(drop).sort(key)), table
+
+
+def loopback(ip: str) -> bool:
+    import ipaddress
+
+    addr = ipaddress.ip_address(ip)
+    return addr.is_loopback or bool(getattr(addr, "ipv4_mapped", None) and addr.ipv4_mapped.is_loopback)
+
+
+@pytest.mark.slow
+def test_a_local_ray_listens_on_loopback_only_and_dies_with_its_driver(tmp_path):
+    """`sweep run` without --address starts a private Ray: every port its processes (the ones this
+    driver started) listen on is loopback, and after the driver is SIGKILLed none outlives it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+    import yaml
+
+    spec = tmp_path / "long.yaml"
+    spec.write_text(yaml.safe_dump({**SPEC, "train": {**SPEC["train"], "steps": 100000, "checkpoint_every": 0},
+                                    "grid": {**SPEC["grid"], "optimizer": [{"name": "adam", "lr": 3e-3}]}}))
+    proc = subprocess.Popen([sys.executable, "-m", "sweep.cli", "run", str(spec), "--results", str(tmp_path / "r")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    ours: dict[int, psutil.Process] = {}
+    try:
+        deadline = time.time() + 180
+        while not list((tmp_path / "r" / "e2e" / "trials").glob("*/config.json")):  # the trial is running
+            assert time.time() < deadline and proc.poll() is None, "the trial never started"
+            time.sleep(0.2)
+        driver = psutil.Process(proc.pid)
+        ours = {p.pid: p for p in [driver, *driver.children(recursive=True)]}
+        listening = [(p.name(), c.laddr) for p in ours.values() for c in p.net_connections("inet")
+                     if c.status == psutil.CONN_LISTEN]
+        assert any(name.startswith("gcs_server") for name, _ in listening), listening  # we saw Ray's ports
+        assert all(loopback(addr.ip) for _, addr in listening), listening
+        os.kill(proc.pid, signal.SIGKILL)  # the driver only: its Ray must follow by itself
+        proc.wait()
+
+        def alive(names=None):
+            return [(p.pid, p.name()) for p in ours.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+                    and (names is None or p.name() not in names)]
+
+        # Ray's two agents first try to tell the (dead) GCS that their raylet died, with a timeout
+        # hard-coded to 60 s in Ray 2.60 (ray._private.utils.publish_error_to_driver); everything
+        # that serves or computes (GCS, raylet, workers) must be gone within seconds.
+        agents = {"ray::DashboardAgent", "ray::RuntimeEnvAgent"}
+        deadline = time.time() + 10
+        while alive(agents) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not alive(agents), f"outlived the driver: {alive(agents)}"
+        deadline = time.time() + 80
+        while alive() and time.time() < deadline:
+            time.sleep(0.5)
+        assert not alive(), f"outlived the driver: {alive()}"
+    finally:
+        for p in ours.values():  # only what this test's driver started
+            if p.is_running():
+                p.kill()
+        if proc.poll() is None:
+            proc.kill()

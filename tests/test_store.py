@@ -65,9 +65,9 @@ def test_failed_trials_are_not_complete_and_statuses(tmp_path):
     assert store.read("runs").height == 3
 
 
-def test_uri_store_through_pyarrow_filesystem(tmp_path):
+def test_file_uri_is_the_local_folder(tmp_path):
     store = ResultsStore(f"file://{tmp_path}", "remote")
-    assert not store.local and store.trial_dir("x") is None
+    assert store.local and store.trial_dir("x") == tmp_path / "remote" / "trials" / "x"
     store.write_part("metrics", "x", metric_rows([0]))
     store.write_run({"trial_id": "x", "status": "done"})
     assert ResultsStore(tmp_path, "remote").read("metrics").height == 2
