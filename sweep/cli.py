@@ -31,13 +31,13 @@ def bad_input(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
-def load(spec_path: Path):
+def load(spec_path: Path, *, unprepared_ok: bool = False):
     """Spec + grid, or exit 2 with the located message."""
     from sweep.grid import expand
     from sweep.spec import SpecError, load_spec
 
     try:
-        spec = load_spec(spec_path)
+        spec = load_spec(spec_path, unprepared_ok=unprepared_ok)
         return spec, expand(spec)
     except SpecError as exc:
         raise bad_input(str(exc)) from None
@@ -96,8 +96,12 @@ def plan(
 ) -> None:
     """List the grid: trial ids, shapes, parameters, tokens, FLOPs, estimated time, done or not."""
     from sweep.estimate import estimate
+    from sweep.spec import unprepared
 
-    spec, trials = load(spec_path)
+    spec, trials = load(spec_path, unprepared_ok=True)  # plan before `sweep data prepare` has run
+    if unprepared(spec):
+        out.print(f"[yellow]note:[/] data.tokens {spec.data.tokens} is not prepared yet: sizes use its stated "
+                  f"vocab_size {spec.data.vocab_size}; `sweep run` refuses until it exists (see the spec's header)")
     store = open_store(results, spec.name)
     runs = store.read("runs")  # once: statuses and measured throughput both come from it
     statuses = dict(zip(runs["trial_id"].to_list(), runs["status"].to_list()))

@@ -14,7 +14,7 @@ import math
 import re
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, model_validator
@@ -159,8 +159,8 @@ class SweepSpec(_Spec):
     """Per-trial resources."""
     retries: int = Field(default=2, ge=0)
     """Times a failed trial is retried (from its last checkpoint)."""
-    compile: bool = False
-    """torch.compile every model."""
+    compile: bool | Literal["auto"] = "auto"
+    """torch.compile every model: true, false, or auto (CUDA trials from study.device.COMPILE_MIN_PARAMS up)."""
     device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     """auto, cpu, cuda or cuda:N."""
 
@@ -371,9 +371,11 @@ def format_errors(exc: ValidationError, root: yaml.Node | None = None, prefix: t
 # ---- parsing ----------------------------------------------------------------------------------
 
 
-def parse_spec(data: Any, root: yaml.Node | None = None, source: str = "spec") -> SweepSpec:
+def parse_spec(data: Any, root: yaml.Node | None = None, source: str = "spec", *,
+               unprepared_ok: bool = False) -> SweepSpec:
     """Validate a spec dict, every grid point, the corpus and the budgets, or raise SpecError
-    with every problem located."""
+    with every problem located. `unprepared_ok` (for `sweep plan`) accepts a corpus folder that
+    does not exist yet when the spec states its vocab_size; one that exists is always checked."""
     where = _Where(root, data)
     if not isinstance(data, dict):
         shown = "an empty file" if data is None else type(data).__name__
@@ -383,14 +385,22 @@ def parse_spec(data: Any, root: yaml.Node | None = None, source: str = "spec") -
     except ValidationError as exc:
         raise SpecError("\n".join(where.errors(exc))) from None
     problems = list(dict.fromkeys(_check_points(spec, where)))
-    problems += _check_data(spec, where)
+    if not (unprepared_ok and unprepared(spec)):
+        problems += _check_data(spec, where)
     if problems:
         raise SpecError("\n".join(problems))
     return spec
 
 
-def load_spec(path: str | Path) -> SweepSpec:
-    """Read and validate a YAML spec; SpecError names the file, place and line of each problem."""
+def unprepared(spec: SweepSpec) -> bool:
+    """The spec's token corpus is not prepared yet, and its stated vocab_size sizes the models."""
+    d = spec.data
+    return d.tokens is not None and not Path(d.tokens).expanduser().exists() and d.vocab_size is not None
+
+
+def load_spec(path: str | Path, *, unprepared_ok: bool = False) -> SweepSpec:
+    """Read and validate a YAML spec; SpecError names the file, place and line of each problem.
+    `unprepared_ok`: see parse_spec."""
     path = Path(path)
     if path.is_dir():
         raise SpecError(f"{path}: is a folder, not a spec file")
@@ -416,7 +426,7 @@ def load_spec(path: str | Path) -> SweepSpec:
     finally:
         loader.dispose()
     try:
-        return parse_spec(data, root, str(path))
+        return parse_spec(data, root, str(path), unprepared_ok=unprepared_ok)
     except SpecError as exc:
         raise SpecError(f"{path}:\n" + "\n".join("  " + l for l in str(exc).splitlines())) from None
 
@@ -429,8 +439,11 @@ def trial_config(spec: SweepSpec, model: ModelConfig, optimizer: OptimizerConfig
     cfg = TrialConfig(model=model, norm=norm, rotation=rotation, optimizer=optimizer, data=spec.data,
                       train=spec.train, seed=seed, sweep=spec.name,
                       runtime=RuntimeConfig(device=spec.device, compile=spec.compile))
-    threads = max(1, math.floor(spec.resources.for_params(cfg.params)["cpu"]))
-    return cfg.model_copy(update={"runtime": cfg.runtime.model_copy(update={"num_threads": threads})})
+    want = spec.resources.for_params(cfg.params)
+    # A GPU share below one caps the trial's memory to it, so packed trials cannot starve each other.
+    share = want["gpu"] if 0 < want["gpu"] < 1 else None
+    runtime = cfg.runtime.model_copy(update={"num_threads": max(1, math.floor(want["cpu"])), "gpu_fraction": share})
+    return cfg.model_copy(update={"runtime": runtime})
 
 
 def _check_points(spec: SweepSpec, where: _Where):

@@ -119,3 +119,24 @@ def test_non_utf8_is_one_line(tmp_path):
     with pytest.raises(SpecError) as info:
         load_spec(path)
     assert str(info.value).endswith("line 1: not UTF-8 text (byte 0xe9); save the spec as UTF-8")
+
+
+def test_a_gpu_share_below_one_caps_each_trials_memory(tmp_path):
+    from sweep.grid import expand
+
+    spec = load_spec(write(tmp_path, GOOD + "resources: {cpu: 1, gpu: 0.25, by_size: [{min_params: 1, cpu: 2, gpu: 1}]}\n"))
+    assert {t.runtime.gpu_fraction for t in expand(spec)} == {None}  # every trial has >= 1 param: a whole GPU
+    spec = load_spec(write(tmp_path, GOOD + "resources: {cpu: 1, gpu: 0.25}\n"))
+    assert {t.runtime.gpu_fraction for t in expand(spec)} == {0.25}
+    assert {t.runtime.compile for t in expand(spec)} == {"auto"}
+
+
+def test_plan_may_size_a_corpus_not_prepared_yet_but_run_may_not(tmp_path):
+    text = GOOD.replace("name: t", "name: t\ndata: {tokens: not-yet, vocab_size: 50304, seq_len: 64}")
+    with pytest.raises(SpecError, match="data.tokens: no such file or folder: not-yet"):
+        load_spec(write(tmp_path, text))
+    spec = load_spec(write(tmp_path, text), unprepared_ok=True)
+    assert spec.data.vocab_size == 50304
+    bad = text.replace(", vocab_size: 50304", "")  # nothing to size the models with: still refused
+    with pytest.raises(SpecError, match="no such folder"):
+        load_spec(write(tmp_path, bad), unprepared_ok=True)
