@@ -59,8 +59,11 @@ class FieldError(ValueError):
 
 
 def _allows(annotation: Any, kind: type) -> bool:
+    """Does `annotation` accept values of `kind` (through unions, containers and Literal members)?"""
     if annotation is kind:
         return True
+    if typing.get_origin(annotation) is Literal:
+        return any(type(a) is kind for a in typing.get_args(annotation))
     return any(_allows(a, kind) for a in typing.get_args(annotation) if not isinstance(a, (str, int, types.NoneType)))
 
 
@@ -265,7 +268,12 @@ class DataConfig(_Frozen):
         if self.tokens is not None and Path(self.tokens).expanduser().is_dir():
             from study.data import check_token_dir  # lazy: study.data imports this module
 
-            vocab = check_token_dir(self.tokens, self.seq_len)
+            try:
+                vocab = check_token_dir(self.tokens, self.seq_len)
+            except FieldError:
+                raise
+            except ValueError as exc:  # located at the field that names the folder
+                raise FieldError("tokens", str(exc)) from None
             if self.vocab_size not in (None, vocab):
                 raise FieldError("vocab_size", f"vocab_size {self.vocab_size} disagrees with the manifest of {self.tokens} "
                                  f"({vocab}); leave it out")

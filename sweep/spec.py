@@ -159,7 +159,7 @@ class SweepSpec(_Spec):
     """Per-trial resources."""
     retries: int = Field(default=2, ge=0)
     """Times a failed trial is retried (from its last checkpoint)."""
-    compile: bool | Literal["auto"] = "auto"
+    compile: Literal["auto", True, False] = "auto"
     """torch.compile every model: true, false, or auto (CUDA trials from study.device.COMPILE_MIN_PARAMS up)."""
     device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     """auto, cpu, cuda or cuda:N."""
@@ -393,9 +393,11 @@ def parse_spec(data: Any, root: yaml.Node | None = None, source: str = "spec", *
 
 
 def unprepared(spec: SweepSpec) -> bool:
-    """The spec's token corpus is not prepared yet, and its stated vocab_size sizes the models."""
+    """The spec's token corpus folder is not prepared yet, and its stated vocab_size sizes the
+    models (a missing .bin/.npy file is a wrong path, not a corpus still to prepare)."""
     d = spec.data
-    return d.tokens is not None and not Path(d.tokens).expanduser().exists() and d.vocab_size is not None
+    return (d.tokens is not None and Path(d.tokens).suffix not in (".bin", ".npy")
+            and not Path(d.tokens).expanduser().exists() and d.vocab_size is not None)
 
 
 def load_spec(path: str | Path, *, unprepared_ok: bool = False) -> SweepSpec:

@@ -56,7 +56,7 @@ CASES = [
     case("missing-grid", {BASE[BASE.index("grid:"):BASE.index("resources")]: ""}, "grid: Field required"),
     case("retries-negative", {RES: RES + "\nretries: -1"}, "retries: Input should be greater than or equal to 0", "got -1"),
     case("retries-bool", {RES: RES + "\nretries: true"}, "retries: expected a number, not a boolean", "got true"),
-    case("compile-int", {RES: RES + "\ncompile: 3"}, "compile: Input should be a valid boolean", "got 3"),
+    case("compile-int", {RES: RES + "\ncompile: 3"}, "compile: Input should be 'auto', True or False", "got 3"),
     case("device-unknown", {RES: RES + "\ndevice: tpu"}, "device: String should match pattern", "got 'tpu'"),
     case("device-cuda-no-gpu", {RES: RES + "\ndevice: cuda"}, "device: cuda needs resources.gpu > 0", "(line 11)"),
     # data
@@ -76,7 +76,7 @@ CASES = [
     case("tokens-id-beyond-vocab", {DATA: "data: {tokens: '{tmp}/big_id.bin', vocab_size: 256, seq_len: 32}"},
          "data.tokens:", "token id 300 >= vocab_size 256"),
     case("tokens-folder", {DATA: "data: {tokens: '{tmp}/empty_dir', vocab_size: 256, seq_len: 32}"}, "data.tokens:",
-         "is a folder"),
+         "no manifest.json"),
     case("tokens-2d-npy", {DATA: "data: {tokens: '{tmp}/two_d.npy', vocab_size: 256, seq_len: 32}"}, "data.tokens:",
          "1-D integer array"),
     case("tokens-missing", {DATA: "data: {tokens: /no/such.bin, vocab_size: 256, seq_len: 32}"}, "data.tokens:",
