@@ -544,6 +544,11 @@ class SOAP(RotatedAdam):
         self._refresh: str | None = None  # this step's basis refresh: None, "eigh" or "qr"
         super().__init__(params, lr, betas, eps, weight_decay, rotate="all", seed=seed, bases=bases)
 
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        if self.precondition_frequency is not None and any(g.get("soap_step", 0) for g in getattr(self, "param_groups", [])):
+            raise ValueError("SOAP.add_param_group after the first step is not supported (its first step is factor-only)")
+        super().add_param_group(param_group)
+
     def _make_bases(self, p: Tensor, index: int, name: str) -> tuple[Tensor | None, Tensor | None]:
         explicit = self._lookup(self._bases, p, index, name, default=_MISSING)
         if explicit is not _MISSING:

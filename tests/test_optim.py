@@ -496,6 +496,10 @@ def test_soap_skips_long_sides_and_vectors() -> None:
     assert opt.bases(w)[0] is None and opt.bases(w)[1].shape == (3, 3) and opt.bases(c) == (None, None)
     with pytest.raises(ValueError, match="precondition_frequency"):
         SOAP([w], precondition_frequency=0)
+    w.grad, c.grad = torch.ones_like(w), None
+    opt.step()  # factor-only: a group added now would skip its own first step
+    with pytest.raises(ValueError, match="after the first step"):
+        opt.add_param_group({"params": [torch.zeros(2, requires_grad=True)]})
 
 
 # ---- sign methods, sgd, adafactor -------------------------------------------------------------
