@@ -147,8 +147,10 @@ def main() -> None:
 
         runs = pl.read_parquet(str(tmp / "results" / "frac" / "runs" / "*.parquet"))
         mem = runs["peak_memory_bytes"].max() / 2**30
+        cap = json.loads(runs["config_json"][0])["runtime"].get("gpu_fraction")  # None until spec.py passes it
         rows.append(("fractional sweep", f"4 trials x gpu {0 if smoke else 0.25} on one device", f"{wall:.0f}s wall",
-                     f"{runs.height} done · {runs['tokens_per_s'].median():,.0f} tok/s each · max peak mem {mem:.2f} GiB"))
+                     f"{runs.height} done · {runs['tokens_per_s'].median():,.0f} tok/s each · max peak mem {mem:.2f} GiB"
+                     f" · memory cap {cap if cap is not None else 'not set'}"))
     else:
         rows.append(("fractional sweep", "4 trials x gpu 0.25", f"FAIL rc={r.returncode}",
                      (r.stderr.strip().splitlines() or ["?"])[-1][:80]))
