@@ -243,7 +243,7 @@ def test_ids_recomputed_from_config_json_match_the_study(twins: Path) -> None:  
 
 @pytest.fixture(scope="module")
 def ladder(tmp_path_factory: pytest.TempPathFactory):
-    from analysis.synthetic import write_store
+    from synthetic_store import write_store
 
     return write_store(
         tmp_path_factory.mktemp("r"), name="ladder", sizes=(32, 64), seeds=(0, 1, 2),
@@ -275,7 +275,7 @@ def test_best_lr_picks_the_lowest_seed_mean_loss_and_flags_edges(ladder) -> None
 
 
 def test_best_lr_flags_untuned_ties_and_skips_diverged_lrs(tmp_path: Path) -> None:
-    from analysis.synthetic import write_store
+    from synthetic_store import write_store
 
     one = write_store(tmp_path, name="one", sizes=(32, 64), seeds=(0,), steps=(0, 10))
     best = q.best_lr(load(one.path))

@@ -69,7 +69,7 @@ def test_fits_table_holds_the_known_exponent(report) -> None:
 def test_control_excess_keeps_fits_that_offset_3_loses(tmp_path: Path) -> None:
     """At small width the no-privilege kurtosis reads 3d/(d+2) < 3: a small excess measured
     against 3 goes negative (undefined fit); against the control it is defined."""
-    from analysis.synthetic import write_store
+    from synthetic_store import write_store
 
     small = write_store(tmp_path, name="small", sizes=(16, 24, 32), optimizers=("adam",),
                         amplitude=0.1, exponents={"adam": 0.3}, steps=(0, 10), seed=1)  # fmt: skip
@@ -82,7 +82,7 @@ def test_control_excess_keeps_fits_that_offset_3_loses(tmp_path: Path) -> None:
 
 
 def test_main_charts_show_best_lr_points_and_say_so(tmp_path: Path) -> None:
-    from analysis.synthetic import write_store
+    from synthetic_store import write_store
 
     ladder = write_store(tmp_path, name="ladder", sizes=(32, 64), seeds=(0, 1), steps=(0, 50, 100),
                          lrs={"adam": [1e-3, 3e-3, 1e-2], "sgd": [0.1, 0.3]}, seed=3)  # fmt: skip
@@ -131,7 +131,7 @@ def test_markdown_latex_and_index(report) -> None:
 def test_progress_is_reported(report) -> None:
     _, messages = report
     assert messages[0].startswith("18 trials") or messages[0].startswith("loading")
-    assert any(m.startswith("writing kurtosis_by_layer") for m in messages)
+    assert any(m.startswith(f"rendering {len(CHARTS)} charts") for m in messages)
     assert messages[-1].startswith("report written to")
 
 
