@@ -8,11 +8,12 @@ Run from the repository root, with the project's environment active:
     python benchmarks/bench_report.py --rows 2e6      # smaller
     python benchmarks/bench_report.py --keep /tmp/big # keep the store and report to look at
 
-It writes a synthetic store that follows the results-store contract (analysis.synthetic:
+It writes a synthetic store in the results store's layout (tests/synthetic_store.py, the
+tests' fixture module; the per-trial files are written directly with the store's Arrow schema,
+as ``ResultsStore`` would name them, because ~10M row dicts through it take minutes:
 5 sizes x 4 optimisers (sgd on a 3-lr ladder: 6 optimiser points) x 2 norms x 3 rotations
 x 3 seeds = 540 trials, 8 layers, every site/basis/metric plus the quantisation penalty, as
-many eval steps as it takes to reach --rows) into several Parquet files in a temporary
-folder, then times separately: the two core lazy queries (scale_table + layer_profile,
+many eval steps as it takes to reach --rows) into a temporary folder, then times separately: the two core lazy queries (scale_table + layer_profile,
 collected), and the whole report (load, best-lr selection, queries, fits, 10 charts
 rendered to each format, tables, index.html). Generation is not timed.
 """
@@ -27,12 +28,13 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]  # the product, and the tests' fixture module
 
 from analysis import queries  # noqa: E402
 from analysis.load import load  # noqa: E402
 from analysis.report import write_report  # noqa: E402
-from analysis.synthetic import SITE_METRICS, write_store  # noqa: E402
+from synthetic_store import SITE_METRICS, write_store  # noqa: E402
 
 SIZES = (64, 96, 128, 192, 256)
 OPTIMIZERS = ("adam", "sgd", "rotated_adam", "muon")
@@ -51,7 +53,7 @@ def rows_per_eval() -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=float, default=10e6, help="target metric rows (default 10M)")
-    ap.add_argument("--files", type=int, default=8, help="Parquet files per table")
+    ap.add_argument("--parts", type=int, default=2, help="flushed step ranges per trial")
     ap.add_argument("--formats", default="svg,png", help="report formats (default svg,png)")
     ap.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples per fit")
     ap.add_argument("--keep", type=Path, default=None, help="write here and keep (default: a temp dir)")
@@ -77,12 +79,13 @@ def main() -> None:
         seeds=SEEDS,
         steps=tuple(range(0, 100 * n_steps, 100)),
         failed=3,
-        files=args.files,
+        parts=args.parts,
+        through_store=False,
         seed=0,
     )
     size_mb = sum(f.stat().st_size for f in Path(truth.path).rglob("*.parquet")) / 1e6
     print(
-        f"  {truth.n_metric_rows / 1e6:.2f}M metric rows in {args.files} files per table, "
+        f"  {truth.n_metric_rows / 1e6:.2f}M metric rows in {args.parts} parts per trial, "
         f"{size_mb:.0f} MB on disk, generated in {time.perf_counter() - t0:.1f} s (not timed)"
     )
 
