@@ -24,6 +24,7 @@ import polars as pl
 
 from analysis._stats import t_critical
 from analysis.identity import ID_COLUMNS, with_ids
+from analysis.labels import BASIS_SERIES
 from analysis.load import (
     CONFIG_ID,
     LABEL_COLUMNS,
@@ -62,13 +63,6 @@ Source = Results | pl.LazyFrame | pl.DataFrame
 LayerAgg = Literal["mean", "max", "min", "median"]
 Layers = Literal["blocks", "all"] | Sequence[int]
 
-# (site, basis) pairs compared by basis_comparison, with their legend names.
-BASIS_SERIES = {
-    ("resid", "stored"): "residual, stored basis",
-    ("resid", "random"): "residual, random basis",
-    ("attn_in", "computation"): "attention input, computation basis",
-    ("mlp_in", "computation"): "MLP input, computation basis",
-}
 
 
 _TABLE_COLUMNS = {t: set(SCHEMAS[t]) for t in TABLES}

@@ -12,6 +12,7 @@ from typing import Any
 import polars as pl
 
 from analysis import charts, fits, queries
+from analysis.labels import SITE_NAMES
 from analysis.load import Results
 
 __all__ = ["DEFAULT_FITS", "FitSpec", "ReportContent", "build"]
@@ -54,7 +55,7 @@ class FitSpec:
         what = f"{self.metric} − control" if self.control else what
         if self.site is None:
             return what
-        where = charts.SITE_NAMES.get((self.site, self.basis or ""), f"{self.site}/{self.basis}")
+        where = SITE_NAMES.get((self.site, self.basis or ""), f"{self.site}/{self.basis}")
         return f"{what}, {where} ({self.layer_agg} over blocks)"
 
 
@@ -420,7 +421,7 @@ def _varies(df: pl.DataFrame, col: str) -> bool:
 
 def _site_title(site: str, basis: str | None) -> str:
     """E.g. ``Residual stream (stored basis)``, ``MLP input (computation basis)``."""
-    name = charts.SITE_NAMES.get((site, basis or ""), site).split(",")[0]
+    name = SITE_NAMES.get((site, basis or ""), site).split(",")[0]
     return f"{name[:1].upper()}{name[1:]} ({basis} basis)" if basis else name
 
 
