@@ -25,7 +25,8 @@ import polars as pl
 
 from analysis import report_render as render
 from analysis.load import Results, load
-from analysis.report_build import DEFAULT_FITS, FitSpec, build
+from analysis.report_build import build
+from analysis.report_fits import DEFAULT_FITS, FitSpec
 
 __all__ = ["DEFAULT_FITS", "FitSpec", "ReportResult", "write_report"]
 
@@ -72,7 +73,7 @@ def write_report(
 
     ``formats``: any of svg, png, pdf, html, json (``png_scale`` x the 72-dpi size; 2 gives
     ~144 dpi at one paper column). The main charts and fits show the best-lr points
-    (``queries.best_lr``); ``onset_threshold`` is the kurtosis whose first crossing is marked.
+    (``selection.best_lr``); ``onset_threshold`` is the kurtosis whose first crossing is marked.
     ``on_progress(msg)`` is called at each stage.
     Returns a ``ReportResult`` listing the files, the fits and notes (what was skipped)."""
     bad = [f for f in formats if f not in FORMATS]

@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 from analysis_fixtures import messy_store, single_size_store, store, twins  # noqa: F401  (fixtures)
 
-from analysis import charts, fits, queries
+from analysis import charts, fits, queries, selection
 from analysis.load import load
 
 BY = ["optimizer", "norm", "rotation", "group_size"]
@@ -33,9 +33,9 @@ def _frames(path: str) -> dict[str, object]:
         "basis": queries.basis_comparison(r).collect(),
         "loss": queries.loss_table(r).collect(),
         "loss_curves": fits.fit_curves(lfits, BY, x="params_non_embedding"),
-        "matched": queries.versus(queries.loss_table(r), queries.scale_table(r, "kurtosis")).collect(),
-        "quant": queries.quant_penalty(r, "w8a8").collect(),
-        "onsets": queries.onset(r, threshold=3.5).collect(),
+        "matched": selection.versus(queries.loss_table(r), queries.scale_table(r, "kurtosis")).collect(),
+        "quant": selection.quant_penalty(r, "w8a8").collect(),
+        "onsets": selection.onset(r, threshold=3.5).collect(),
     }
 
 

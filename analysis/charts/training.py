@@ -60,7 +60,7 @@ def metric_over_training(
     """Metric over training (from ``queries.metric_over_training``), tokens on x: one line
     per config with its CI band and the Gaussian reference rule. ``size=None`` gives one
     row of panels per model size. ``threshold`` draws a dotted rule there; ``onsets`` (from
-    ``queries.onset``) marks each config's mean onset on it, with its seed interval."""
+    ``selection.onset``) marks each config's mean onset on it, with its seed interval."""
     df, size_note = pick_size(as_frame(frame), size)
     if log_x:
         df = df.filter(pl.col(x) > 0)

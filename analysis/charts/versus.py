@@ -32,7 +32,7 @@ def metric_vs_metric(
     title: str | None = None,
     configure: bool = True,
 ) -> alt.TopLevelMixin:
-    """One seed-aggregated measure against another, per config (from ``queries.versus``:
+    """One seed-aggregated measure against another, per config (from ``selection.versus``:
     ``x``/``x_low``/``x_high`` against ``mean``/``ci_low``/``ci_high``): a point per config
     with both t-intervals as error bars, colour = optimiser, marker size = model size;
     ``connect`` joins each optimiser's (and variant's) points in order of size."""
@@ -54,7 +54,7 @@ def kurtosis_vs_loss(
     table: pl.DataFrame | pl.LazyFrame, *, facet: str | None = None, **kw: Any
 ) -> alt.TopLevelMixin:
     """The matched-loss view: residual kurtosis (y) against final validation loss (x) per
-    config (``queries.versus(loss_table, scale_table)``); configs at the same loss compare
+    config (``selection.versus(loss_table, scale_table)``); configs at the same loss compare
     optimisers at matched quality, not matched steps."""
     kw.setdefault("title", "Kurtosis at matched loss")
     return metric_vs_metric(
@@ -66,7 +66,7 @@ def kurtosis_vs_loss(
 def quant_penalty(
     table: pl.DataFrame | pl.LazyFrame, *, facet: str | None = None, **kw: Any
 ) -> alt.TopLevelMixin:
-    """What outliers cost: the quantisation penalty (y, from ``queries.quant_penalty``)
+    """What outliers cost: the quantisation penalty (y, from ``selection.quant_penalty``)
     against residual kurtosis (x), per config, coloured by optimiser."""
     df = as_frame(table)
     quant = df.get_column("quant").first() if "quant" in df.columns and df.height else "w8a8"
