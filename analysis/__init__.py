@@ -6,7 +6,7 @@
     analysis.write_report("results/scaling")      # fits + charts + index.html
 
 Never imports torch or ray. The light modules (load, schema, labels, identity, queries, selection,
-fits: polars and numpy only) are imported with the package and their ``__all__`` re-exported; the heavy
+power_law, fits: polars and numpy only) are imported with the package and their ``__all__`` re-exported; the heavy
 ones (charts, report: Altair, vl-convert) load on first use (``analysis.charts``,
 ``analysis.write_report``).
 """
@@ -16,12 +16,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from analysis import fits, identity, labels, queries, schema, selection
+from analysis import fits, identity, labels, power_law, queries, schema, selection
 from analysis import load as _load_module  # the submodule; ``analysis.load`` is its function
 from analysis.fits import *  # noqa: F403
 from analysis.identity import *  # noqa: F403
 from analysis.labels import *  # noqa: F403
 from analysis.load import *  # noqa: F403
+from analysis.power_law import *  # noqa: F403
 from analysis.queries import *  # noqa: F403
 from analysis.schema import *  # noqa: F403
 from analysis.selection import *  # noqa: F403
@@ -30,7 +31,7 @@ if TYPE_CHECKING:  # seen by type checkers; imported on first use at run time
     from analysis import charts, report
     from analysis.report import *  # noqa: F403
 
-_EAGER = (_load_module, schema, labels, identity, queries, selection, fits)
+_EAGER = (_load_module, schema, labels, identity, queries, selection, power_law, fits)
 _LAZY = ("charts", "report")
 __all__ = sorted({*(n for m in _EAGER for n in m.__all__), *_LAZY})
 """The eager modules' names and the lazy modules themselves; ``report``'s own ``__all__``

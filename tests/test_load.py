@@ -199,3 +199,22 @@ def test_package_exports() -> None:
     assert callable(analysis.best_lr) and callable(analysis.with_ids)
     with pytest.raises(AttributeError):
         analysis.nope  # noqa: B018
+
+
+def test_light_modules_load_eagerly_and_the_heavy_ones_on_first_use() -> None:
+    code = (
+        "import sys, analysis\n"
+        "from analysis import fits, identity, load, queries, schema, selection\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('altair', 'vl_convert'))\n"
+        "assert not heavy, heavy\n"
+        "assert 'analysis.queries' in sys.modules and 'analysis.fits' in sys.modules\n"
+        "for m in (analysis.queries, analysis.selection, analysis.fits, analysis.identity):\n"
+        "    assert set(m.__all__) <= set(analysis.__all__), m\n"
+        "assert analysis.write_report.__module__ == 'analysis.report' and 'altair' in sys.modules\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
