@@ -200,37 +200,38 @@ def _vl_version() -> str | None:
     return v if v in vlc.get_vegalite_versions() else None
 
 
-def _render(chart: Any, spec: dict[str, Any], fmt: str, png_scale: float, vl: str | None) -> bytes:
+def _render(chart: Any, formats: Sequence[str], png_scale: float, vl: str | None) -> dict[str, bytes]:
+    """One chart in svg and each of ``formats``: Vega renders the SVG once; PNG and PDF are
+    converted from it (what vl-convert's own PNG/PDF paths do, without rendering again)."""
     import vl_convert as vlc
 
-    if fmt == "html":
-        return str(chart.to_html(inline=True)).encode()
-    if fmt == "json":
-        return json.dumps(spec, indent=1).encode()
-    if fmt == "svg":
-        return str(vlc.vegalite_to_svg(spec, vl_version=vl)).encode()
-    if fmt == "png":
-        return bytes(vlc.vegalite_to_png(spec, vl_version=vl, scale=png_scale))
-    if fmt == "pdf":
-        return bytes(vlc.vegalite_to_pdf(spec, vl_version=vl))
-    raise ValueError(f"unknown format {fmt}")
+    spec = chart.to_dict()
+    svg = str(vlc.vegalite_to_svg(spec, vl_version=vl))
+    out = {"svg": svg.encode()}
+    for fmt in formats:
+        if fmt == "png":
+            out[fmt] = bytes(vlc.svg_to_png(svg, scale=png_scale))
+        elif fmt == "pdf":
+            out[fmt] = bytes(vlc.svg_to_pdf(svg))
+        elif fmt == "html":
+            out[fmt] = str(chart.to_html(inline=True)).encode()
+        elif fmt == "json":
+            out[fmt] = json.dumps(spec, indent=1).encode()
+        elif fmt != "svg":
+            raise ValueError(f"unknown format {fmt}")
+    return out
 
 
 def render_charts(
     charts: dict[str, Any], formats: Sequence[str], png_scale: float, workers: int | None = None
 ) -> dict[str, dict[str, bytes]]:
     """``{name: {format: bytes}}`` for every chart in ``formats`` plus svg (inlined in the
-    index), rendered on a thread pool (vl-convert renders outside the GIL)."""
+    index), one chart per thread of a pool (vl-convert renders outside the GIL)."""
     vl = _vl_version()
-    specs = {name: chart.to_dict() for name, chart in charts.items()}
-    jobs = [(name, f) for name in charts for f in dict.fromkeys(["svg", *formats])]
-    workers = workers or min(len(jobs), os.cpu_count() or 1) or 1
+    workers = workers or min(len(charts), os.cpu_count() or 1) or 1
     with ThreadPoolExecutor(workers) as pool:
-        done = pool.map(lambda job: _render(charts[job[0]], specs[job[0]], job[1], png_scale, vl), jobs)
-        out: dict[str, dict[str, bytes]] = {name: {} for name in charts}
-        for (name, f), data in zip(jobs, done, strict=True):
-            out[name][f] = data
-    return out
+        done = pool.map(lambda chart: _render(chart, formats, png_scale, vl), charts.values())
+        return dict(zip(charts, done, strict=True))
 
 
 # ---------------------------------------------------------------- index.html
