@@ -191,3 +191,24 @@ def test_default_fit_specs_are_named() -> None:
     charted = [s.name for s in DEFAULT_FITS if s.chart]
     assert len(charted) == len(set(charted))  # one chart file each
     assert DEFAULT_FITS[0].label.startswith("kurtosis − control, residual stream")
+
+
+def test_fits_do_not_depend_on_the_order_rows_are_read_in(store) -> None:  # noqa: F811
+    """The bootstrap resamples rows by position: the report fixes their order first, so
+    the same store gives the same fits however Parquet files and group_by order the rows."""
+    import dataclasses
+
+    from polars.testing import assert_frame_equal
+
+    from analysis.load import load
+    from analysis.report_build import build
+
+    results = load(store.path)
+    shuffled = dataclasses.replace(
+        results,
+        runs=results.runs.collect().sample(fraction=1.0, shuffle=True, seed=1).lazy(),
+        metrics=results.metrics.collect().sample(fraction=1.0, shuffle=True, seed=2).lazy(),
+    )
+    a, b = build(results, n_boot=200).fits, build(shuffled, n_boot=200).fits
+    assert a.height > 0
+    assert_frame_equal(a, b, check_exact=False, rel_tol=1e-9)
