@@ -7,6 +7,10 @@ Run from the repository root, with the project's environment active:
     python benchmarks/bench_report.py                 # ~10M rows, svg+png, prints timings
     python benchmarks/bench_report.py --rows 2e6      # smaller
     python benchmarks/bench_report.py --keep /tmp/big # keep the store and report to look at
+    python benchmarks/bench_report.py --store /tmp/big/bench --against /tmp/old --repeat 3
+        # side by side: this checkout's write_report and the one whose analysis/ is under
+        # /tmp/old (e.g. `git archive <rev> analysis | tar -x -C /tmp/old`), alternating, each
+        # in a fresh process on the same store; wall and CPU seconds, and their ratios
 
 It writes a synthetic store in the results store's layout (tests/synthetic_store.py, the
 tests' fixture module; the per-trial files are written directly with the store's Arrow schema,
@@ -57,7 +61,15 @@ def main() -> None:
     ap.add_argument("--formats", default="svg,png", help="report formats (default svg,png)")
     ap.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples per fit")
     ap.add_argument("--keep", type=Path, default=None, help="write here and keep (default: a temp dir)")
+    ap.add_argument("--store", type=Path, default=None, help="an existing sweep folder: skip generating")
+    ap.add_argument("--against", type=Path, default=None, help="a folder holding another analysis/ to compare")
+    ap.add_argument("--repeat", type=int, default=3, help="alternating runs per side with --against")
     args = ap.parse_args()
+    if args.against is not None:
+        if args.store is None:
+            ap.error("--against needs --store (a store written by an earlier --keep run)")
+        side_by_side(args.store, args.against, args.repeat, args.formats, args.n_boot)
+        return
 
     points = sum(len(LRS.get(o, (None,))) for o in OPTIMIZERS)
     trials = len(SIZES) * points * len(NORMS) * len(ROTATIONS) * len(SEEDS)
@@ -110,6 +122,40 @@ def main() -> None:
         import shutil
 
         shutil.rmtree(root, ignore_errors=True)
+
+
+_ONE_RUN = """
+import resource, sys, tempfile, time
+from analysis.report import write_report
+t = time.perf_counter()
+write_report(sys.argv[1], tempfile.mkdtemp(), formats=tuple(sys.argv[2].split(",")), n_boot=int(sys.argv[3]))
+u = resource.getrusage(resource.RUSAGE_SELF)
+print(time.perf_counter() - t, u.ru_utime + u.ru_stime)
+"""
+
+
+def side_by_side(store: Path, against: Path, repeat: int, formats: str, n_boot: int) -> None:
+    """write_report of this checkout (new) and of ``against`` (old), alternating, each in a
+    fresh process (CPU seconds include vl-convert's threads and the import)."""
+    import statistics
+    import subprocess
+
+    sides = {"new": str(REPO), "old": str(against)}
+    times: dict[str, list[tuple[float, float]]] = {k: [] for k in sides}
+    for i in range(repeat):
+        for name, path in sides.items():
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join([path, str(REPO / "tests")])}
+            done = subprocess.run(
+                [sys.executable, "-c", _ONE_RUN, str(store), formats, str(n_boot)],
+                env=env, capture_output=True, text=True, check=True,
+            )  # fmt: skip
+            wall, cpu = map(float, done.stdout.split()[-2:])
+            times[name].append((wall, cpu))
+            print(f"run {i + 1} {name}: {wall:.2f} s wall, {cpu:.2f} s CPU", flush=True)
+    med = {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for k, v in times.items()}
+    for k, (w, c) in med.items():
+        print(f"{k}: median {w:.2f} s wall, {c:.2f} s CPU")
+    print(f"new/old: wall {med['new'][0] / med['old'][0]:.2f}, CPU {med['new'][1] / med['old'][1]:.2f}")
 
 
 if __name__ == "__main__":
