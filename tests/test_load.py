@@ -218,3 +218,20 @@ def test_light_modules_load_eagerly_and_the_heavy_ones_on_first_use() -> None:
         [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_the_benchmarks_direct_writer_writes_what_the_store_writes(tmp_path: Path) -> None:
+    """tests/synthetic_store.py's ``through_store=False`` (the 10M-row benchmark's fast path)
+    writes the same files, schema and rows as ``ResultsStore``."""
+    import pyarrow.parquet as pq
+
+    kw = dict(name="s", sizes=(16, 32), seeds=(0, 1), steps=(0, 10, 20), failed=1, parts=2, seed=4)
+    a = write_store(tmp_path / "a", **kw)
+    b = write_store(tmp_path / "b", through_store=False, **kw)
+    files = sorted(p.relative_to(a.path).as_posix() for p in Path(a.path).rglob("*.parquet"))
+    assert files == sorted(p.relative_to(b.path).as_posix() for p in Path(b.path).rglob("*.parquet"))
+    assert len([f for f in files if f.startswith("metrics/t00001.")]) == 2  # two flushes per trial
+    for f in files:
+        ta, tb = pq.read_table(Path(a.path) / f), pq.read_table(Path(b.path) / f)
+        assert ta.schema.equals(tb.schema, check_metadata=False), f
+        assert ta.equals(tb), f
