@@ -5,52 +5,43 @@
     analysis.layer_profile(r, "kurtosis").collect()
     analysis.write_report("results/scaling")      # fits + charts + index.html
 
-Never imports torch or ray. Only ``analysis.load`` (and so polars) is imported with the
-package; the other submodules (numpy, altair, vl-convert) load on first use.
+Never imports torch or ray. The light modules (load, schema, labels, identity, queries, selection,
+power_law, fits: polars and numpy only) are imported with the package and their ``__all__`` re-exported; the heavy
+ones (charts, report: Altair, vl-convert) load on first use (``analysis.charts``,
+``analysis.write_report``).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-# Imported eagerly so that ``analysis.load`` is the function, not the submodule of that name.
-from analysis.load import NoSweepError, Results, config_label, load
+from analysis import fits, identity, labels, power_law, queries, schema, selection
+from analysis import load as _load_module  # the submodule; ``analysis.load`` is its function
+from analysis.fits import *  # noqa: F403
+from analysis.identity import *  # noqa: F403
+from analysis.labels import *  # noqa: F403
+from analysis.load import *  # noqa: F403
+from analysis.power_law import *  # noqa: F403
+from analysis.queries import *  # noqa: F403
+from analysis.schema import *  # noqa: F403
+from analysis.selection import *  # noqa: F403
 
-_EXPORTS = {
-    "queries": [
-        "basis_comparison",
-        "best_lr",
-        "best_lr_results",
-        "layer_profile",
-        "loss_table",
-        "metric_over_training",
-        "onset",
-        "per_trial",
-        "quant_penalty",
-        "scale_table",
-        "sql",
-        "versus",
-    ],
-    "identity": ["with_ids"],
-    "fits": [
-        "ExponentComparison",
-        "PowerLawFit",
-        "compare_exponents",
-        "fit_curves",
-        "fit_each",
-        "fit_groups",
-        "fit_power_law",
-    ],
-    "report": ["ReportResult", "write_report"],
-}
-_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
-__all__ = sorted([*_WHERE, "NoSweepError", "Results", "config_label", "load"])
+if TYPE_CHECKING:  # seen by type checkers; imported on first use at run time
+    from analysis import charts, report
+    from analysis.report import *  # noqa: F403
+
+_EAGER = (_load_module, schema, labels, identity, queries, selection, power_law, fits)
+_LAZY = ("charts", "report")
+__all__ = sorted({*(n for m in _EAGER for n in m.__all__), *_LAZY})
+"""The eager modules' names and the lazy modules themselves; ``report``'s own ``__all__``
+(``write_report``, ``ReportResult``, ...) resolves on first use through ``__getattr__``."""
 
 
 def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
-    if name in ("charts", "fits", "identity", "queries", "report"):
+    if name in _LAZY:
         return importlib.import_module(f"{__name__}.{name}")
+    report = importlib.import_module(f"{__name__}.report")
+    if name in report.__all__:
+        return getattr(report, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

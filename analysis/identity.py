@@ -8,7 +8,7 @@ equals the stored one; a test checks):
 - ``config_id``: without the seed (and the non-science ``sweep`` / ``runtime``): the seeds of
   one config. Stored by the writer; filled here only for rows written before it existed.
 - ``tuning_id``: also without ``optimizer.lr``: the points of one learning-rate ladder, at one
-  model size (``queries.best_lr`` picks one lr per tuning_id).
+  model size (``selection.best_lr`` picks one lr per tuning_id).
 - ``line_id``: without the seed and the model shape (``model``): one config across sizes,
   what a power-law fit or a line in a size chart is drawn through.
 - ``tuned_line_id``: also without ``optimizer.lr``: the best-lr points of one config across

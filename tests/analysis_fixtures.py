@@ -1,7 +1,7 @@
 """Shared fixtures for the analysis tests: small synthetic results stores on disk.
 
 Import the fixtures into a test module (``from analysis_fixtures import store``). The stores
-follow the results-store contract (see analysis/synthetic.py for the generating model):
+follow the results-store contract (see tests/synthetic_store.py for the generating model):
 3 sizes x {adam, sgd} x 3 seeds x 4 layers, adam's excess kurtosis growing as
 (P / P_min) ** 0.5, sgd's staying at 3.
 """
@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 
 from analysis.load import METRICS_SCHEMA, RUNS_SCHEMA
-from analysis.synthetic import SyntheticStore, write_store
+from synthetic_store import SyntheticStore, write_store
 
 EXPONENT = 0.5
 
@@ -38,6 +38,7 @@ def messy_store(tmp_path_factory: pytest.TempPathFactory) -> SyntheticStore:
         failed=1,
         diverged=1,
         checks=False,
+        parts=2,  # two flushes per trial: metrics/<id>.<first>-<last>.parquet twice
         seed=5,
     )
 

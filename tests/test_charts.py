@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 from analysis_fixtures import messy_store, single_size_store, store, twins  # noqa: F401  (fixtures)
 
-from analysis import charts, fits, queries
+from analysis import charts, fits, queries, selection
 from analysis.load import load
 
 BY = ["optimizer", "norm", "rotation", "group_size"]
@@ -33,9 +33,9 @@ def _frames(path: str) -> dict[str, object]:
         "basis": queries.basis_comparison(r).collect(),
         "loss": queries.loss_table(r).collect(),
         "loss_curves": fits.fit_curves(lfits, BY, x="params_non_embedding"),
-        "matched": queries.versus(queries.loss_table(r), queries.scale_table(r, "kurtosis")).collect(),
-        "quant": queries.quant_penalty(r, "w8a8").collect(),
-        "onsets": queries.onset(r, threshold=3.5).collect(),
+        "matched": selection.versus(queries.loss_table(r), queries.scale_table(r, "kurtosis")).collect(),
+        "quant": selection.quant_penalty(r, "w8a8").collect(),
+        "onsets": selection.onset(r, threshold=3.5).collect(),
     }
 
 
@@ -189,10 +189,59 @@ def test_palette_helpers() -> None:
     alt.theme.enable("default")
 
 
-def test_builders_accept_lazy_frames(store) -> None:  # noqa: F811
-    lazy = queries.layer_profile(load(store.path), "kurtosis")
-    assert charts.kurtosis_by_layer(lazy).to_dict()
-    assert charts.metric_vs_params(pl.DataFrame(queries.scale_table(load(store.path), "kurtosis").collect())).to_dict()
+def _marks(spec: dict) -> dict[str, list[dict[str, str | None]]]:
+    """{mark type: [{channel: field}, ...]} over every layer and facet of a spec."""
+    found: dict[str, list[dict[str, str | None]]] = {}
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            if "mark" in node:
+                mark = node["mark"] if isinstance(node["mark"], str) else node["mark"]["type"]
+                enc = {k: v.get("field") for k, v in node.get("encoding", {}).items() if isinstance(v, dict)}
+                found.setdefault(mark, []).append(enc)
+            for k, v in node.items():
+                if k != "datasets":
+                    walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(spec)
+    return found
+
+
+def _rows(spec: dict) -> list[dict]:
+    return [row for rows in spec["datasets"].values() for row in rows]
+
+
+def test_layer_chart_shows_the_largest_models_profile(store) -> None:  # noqa: F811
+    prof = queries.layer_profile(load(store.path), "kurtosis").collect()
+    spec = charts.kurtosis_by_layer(prof.lazy()).to_dict()  # lazy frames are accepted
+    marks = _marks(spec)
+    assert {"x": "layer", "y": "mean", "color": "optimizer", "detail": "variant"} in marks["line"]
+    assert {"x": "layer", "y": "ci_low", "y2": "ci_high", "color": "optimizer", "detail": "variant"} in marks["area"]
+    assert "rule" in marks  # the Gaussian reference
+    largest = prof.filter(pl.col("params_non_embedding") == pl.col("params_non_embedding").max())
+    want = {(r["optimizer"], r["layer"], round(r["mean"], 9)) for r in largest.iter_rows(named=True)}
+    assert {(r["optimizer"], r["layer"], round(r["mean"], 9)) for r in _rows(spec)} == want
+    assert "Layer (0 = embeddings)" in json.dumps(spec) and "Kurtosis (Gaussian = 3)" in json.dumps(spec)
+
+
+def test_scaling_chart_shows_every_point_and_each_fitted_curve(built, store) -> None:  # noqa: F811
+    spec = built["metric_vs_params"].to_dict()
+    marks = _marks(spec)
+    assert {"x": "x_plot", "y": "mean", "color": "optimizer"} in marks["point"]
+    assert {"x": "x_plot", "y": "fit", "color": "optimizer", "detail": "variant"} in marks["line"]
+    assert {"x": "x_plot", "y": "fit_low", "y2": "fit_high", "color": "optimizer", "detail": "variant"} in marks["area"]
+    assert any(m.get("y") == "ci_low" and m.get("y2") == "ci_high" for m in marks["rule"])  # error bars
+    rows = _rows(spec)
+    scale = queries.scale_table(load(store.path), "kurtosis").collect()
+    points = {(r["optimizer"], r["params_non_embedding"], round(r["mean"], 9)) for r in rows if r["kind"] == "point"}
+    assert points == {(r["optimizer"], r["params_non_embedding"], round(r["mean"], 9)) for r in scale.iter_rows(named=True)}
+    fitted = [r for r in rows if r.get("fit") is not None]
+    assert {r["optimizer"] for r in fitted} == {"adam"}  # sgd has no excess over 3: no fit, no curve
+    assert all(r["fit_low"] <= r["fit"] <= r["fit_high"] for r in fitted)
+    assert '"type": "log"' in json.dumps(spec) and "Parameters (non-embedding)" in json.dumps(spec)
 
 
 def test_new_views_say_what_they_show(built) -> None:

@@ -282,7 +282,7 @@ def _simulate(n_sizes: int, n_seeds: int, reps: int, rng: np.random.Generator, b
 def test_between_seed_interval_covers_at_its_nominal_rate(n_sizes: int) -> None:
     """4000 simulated sweeps (vectorised) at n_sizes x 3 seeds: the 95% between-seed
     interval covers the true exponent 90-98% of the time (binomial sd ~0.35% at 4000)."""
-    from analysis.fits import between_seed_halfwidth, seed_exponents
+    from analysis.power_law import between_seed_halfwidth, seed_exponents
 
     rng = np.random.default_rng(20261201 + n_sizes)
     x, seeds, y = _simulate(n_sizes, 3, 4000, rng)

@@ -22,7 +22,7 @@ from analysis.load import (
     config_label,
     load,
 )
-from analysis.synthetic import write_store
+from synthetic_store import write_store
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_import_pulls_in_neither_torch_nor_ray() -> None:
     code = (
         "import sys, analysis, analysis.load, analysis.queries, analysis.fits, "
-        "analysis.charts, analysis.report, analysis.synthetic, analysis.identity\n"
+        "analysis.charts, analysis.report, analysis.identity\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'ray'))\n"
         "assert not bad, bad\n"
         "print('ok')\n"
@@ -64,7 +64,9 @@ def test_load_sweep_folder(store) -> None:  # noqa: F811
     assert r.name == "toy"
     for table in ("runs", "metrics", "curves", "checks"):
         assert isinstance(getattr(r, table), pl.LazyFrame)
-        assert len(r.files[table]) == 2  # written as two part files
+        # the store's layout: one file per trial (runs, checks) or per flushed step range
+        assert len(r.files[table]) == store.n_trials, table
+        assert all(Path(f).name.startswith("t0") for f in r.files[table])
     runs = r.runs.collect()
     assert runs.height == store.n_trials
     assert dict(runs.schema) == RUNS_SCHEMA
@@ -197,3 +199,39 @@ def test_package_exports() -> None:
     assert callable(analysis.best_lr) and callable(analysis.with_ids)
     with pytest.raises(AttributeError):
         analysis.nope  # noqa: B018
+
+
+def test_light_modules_load_eagerly_and_the_heavy_ones_on_first_use() -> None:
+    code = (
+        "import sys, analysis\n"
+        "from analysis import fits, identity, load, queries, schema, selection\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('altair', 'vl_convert'))\n"
+        "assert not heavy, heavy\n"
+        "assert 'analysis.queries' in sys.modules and 'analysis.fits' in sys.modules\n"
+        "for m in (analysis.queries, analysis.selection, analysis.fits, analysis.identity):\n"
+        "    assert set(m.__all__) <= set(analysis.__all__), m\n"
+        "assert analysis.write_report.__module__ == 'analysis.report' and 'altair' in sys.modules\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_benchmarks_direct_writer_writes_what_the_store_writes(tmp_path: Path) -> None:
+    """tests/synthetic_store.py's ``through_store=False`` (the 10M-row benchmark's fast path)
+    writes the same files, schema and rows as ``ResultsStore``."""
+    import pyarrow.parquet as pq
+
+    kw = dict(name="s", sizes=(16, 32), seeds=(0, 1), steps=(0, 10, 20), failed=1, parts=2, seed=4)
+    a = write_store(tmp_path / "a", **kw)
+    b = write_store(tmp_path / "b", through_store=False, **kw)
+    files = sorted(p.relative_to(a.path).as_posix() for p in Path(a.path).rglob("*.parquet"))
+    assert files == sorted(p.relative_to(b.path).as_posix() for p in Path(b.path).rglob("*.parquet"))
+    assert len([f for f in files if f.startswith("metrics/t00001.")]) == 2  # two flushes per trial
+    for f in files:
+        ta, tb = pq.read_table(Path(a.path) / f), pq.read_table(Path(b.path) / f)
+        assert ta.schema.equals(tb.schema, check_metadata=False), f
+        assert ta.equals(tb), f

@@ -10,6 +10,7 @@ import pytest
 from analysis_fixtures import store, twins  # noqa: F401  (fixtures)
 
 from analysis import queries as q
+from analysis import selection as sel
 from analysis._stats import t_critical
 from analysis.load import METRICS_SCHEMA, RUNS_SCHEMA, load
 
@@ -243,7 +244,7 @@ def test_ids_recomputed_from_config_json_match_the_study(twins: Path) -> None:  
 
 @pytest.fixture(scope="module")
 def ladder(tmp_path_factory: pytest.TempPathFactory):
-    from analysis.synthetic import write_store
+    from synthetic_store import write_store
 
     return write_store(
         tmp_path_factory.mktemp("r"), name="ladder", sizes=(32, 64), seeds=(0, 1, 2),
@@ -254,7 +255,7 @@ def ladder(tmp_path_factory: pytest.TempPathFactory):
 
 def test_best_lr_picks_the_lowest_seed_mean_loss_and_flags_edges(ladder) -> None:
     r = load(ladder.path)
-    best = q.best_lr(r)
+    best = sel.best_lr(r)
     assert best.height == 4  # 2 optimisers x 2 sizes
     adam = best.filter(pl.col("optimizer") == "adam")
     assert adam.get_column("lr").to_list() == [3e-3, 3e-3]
@@ -270,35 +271,35 @@ def test_best_lr_picks_the_lowest_seed_mean_loss_and_flags_edges(ladder) -> None
         rivals = losses.filter(pl.col("tuning_id") == row["tuning_id"]).get_column("mean")
         assert row["mean"] == pytest.approx(rivals.min())
     # the best-lr view holds only those configs
-    main = q.best_lr_results(r, best)
+    main = sel.best_lr_results(r, best)
     assert set(q.scale_table(main, "kurtosis").collect().get_column("config_id")) == set(best.get_column("config_id"))
 
 
 def test_best_lr_flags_untuned_ties_and_skips_diverged_lrs(tmp_path: Path) -> None:
-    from analysis.synthetic import write_store
+    from synthetic_store import write_store
 
     one = write_store(tmp_path, name="one", sizes=(32, 64), seeds=(0,), steps=(0, 10))
-    best = q.best_lr(load(one.path))
+    best = sel.best_lr(load(one.path))
     assert best.get_column("untuned").all() and set(best.get_column("flag")) == {"untuned (one lr)"}
     # a flat loss (no lr penalty): the runner-up cannot be told apart
     flat = write_store(tmp_path, name="flat", sizes=(32,), seeds=(0, 1, 2), steps=(0, 10),
                        optimizers=("adam",), lrs={"adam": [1e-3, 3e-3]}, lr_penalty=0.0, noise=0.5)  # fmt: skip
-    assert q.best_lr(load(flat.path)).get_column("tie").to_list() == [True]
+    assert sel.best_lr(load(flat.path)).get_column("tie").to_list() == [True]
     # the lowest lr's first trial diverges: that lr is never chosen, though the loss says so
     low = write_store(tmp_path, name="div", sizes=(32,), seeds=(0, 1), steps=(0, 10), optimizers=("adam",),
                       lrs={"adam": [3e-3, 1e-2]}, best_lrs={"adam": 3e-3}, diverged=1)  # fmt: skip
-    b = q.best_lr(load(low.path)).row(0, named=True)
+    b = sel.best_lr(load(low.path)).row(0, named=True)
     assert b["lr"] == 1e-2 and b["n_lrs"] == 2 and b["edge"] == "high"
     # with one lr, a diverged seed does not drop the config: it is chosen, and flagged
     one_div = write_store(tmp_path, name="div1", sizes=(32,), seeds=(0, 1), steps=(0, 10),
                           optimizers=("adam",), diverged=1)  # fmt: skip
-    b = q.best_lr(load(one_div.path)).row(0, named=True)
+    b = sel.best_lr(load(one_div.path)).row(0, named=True)
     assert b["n"] == 1 and b["diverged"] == 1 and "diverged" in b["flag"]
 
 
 def test_onset_is_the_first_eval_above_threshold(ladder) -> None:
-    r = q.best_lr_results(load(ladder.path))
-    on = q.onset(r, threshold=3.5).collect()
+    r = sel.best_lr_results(load(ladder.path))
+    on = sel.onset(r, threshold=3.5).collect()
     sgd = on.filter(pl.col("optimizer") == "sgd")
     assert sgd.get_column("n").to_list() == [0, 0] and sgd.get_column("n_never").to_list() == [3, 3]
     assert sgd.get_column("mean").null_count() == 2
@@ -307,14 +308,14 @@ def test_onset_is_the_first_eval_above_threshold(ladder) -> None:
     # larger models grow outliers sooner (in steps); tokens of the first crossing are evals
     steps = adam.get_column("step_mean").to_list()
     assert steps[1] <= steps[0] and all(25 <= s <= 100 for s in steps)  # eval steps, mean over seeds
-    never = q.onset(r, threshold=1e9).collect()
+    never = sel.onset(r, threshold=1e9).collect()
     assert set(never.get_column("n_never").to_list()) == {3}
 
 
 def test_quant_penalty_pairs_the_penalty_with_kurtosis(ladder) -> None:
-    r = q.best_lr_results(load(ladder.path))
-    w8 = q.quant_penalty(r, "w8a8").collect()
-    w4 = q.quant_penalty(r, "w4a4").collect()
+    r = sel.best_lr_results(load(ladder.path))
+    w8 = sel.quant_penalty(r, "w8a8").collect()
+    w4 = sel.quant_penalty(r, "w4a4").collect()
     assert w8.height == w4.height == 4 and set(w8.get_column("n").to_list()) == {3}
     assert (w4.get_column("mean") > w8.get_column("mean")).all()
     adam = w8.filter(pl.col("optimizer") == "adam").get_column("mean").min()

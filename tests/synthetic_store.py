@@ -1,6 +1,8 @@
-"""A synthetic results store that follows the contract, with known answers.
+"""A synthetic results store with known answers, written by the product's own writer
+(``sweep.store.ResultsStore``), so the analysis tests read the layout a sweep writes
+(``runs/<id>.parquet``, ``metrics/<id>.<first>-<last>.parquet``, ...).
 
-For tests, the report benchmark, and trying ``write_report`` without training anything:
+For the tests and the report benchmark (``benchmarks/bench_report.py``); not part of the product:
 
     truth = write_store("/tmp/results", sizes=(32, 64, 128), seeds=(0, 1, 2))
     analysis.write_report(truth.path)
@@ -36,8 +38,12 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+import pyarrow.parquet as pq
+
 from analysis.identity import science_hash
 from analysis.load import CHECKS_SCHEMA, CURVES_SCHEMA, METRICS_SCHEMA, RUNS_SCHEMA
+from analysis.schema import ARROW
+from sweep.store import ResultsStore
 
 __all__ = ["FAMILIES", "SITE_METRICS", "SyntheticStore", "write_store"]
 
@@ -110,10 +116,14 @@ def write_store(
     diverged: int = 0,
     curves: bool = True,
     checks: bool = True,
-    files: int = 2,
+    parts: int = 1,
+    through_store: bool = True,
     seed: int = 0,
 ) -> SyntheticStore:
-    """Write ``<root>/<name>/{runs,metrics,curves,checks}/part-*.parquet``.
+    """Write ``<root>/<name>/`` through ``ResultsStore``: a runs row, a checks file and
+    ``parts`` flushed step ranges of metrics and curves per trial. ``through_store=False``
+    writes the same files with the same Arrow schema directly (row dicts are too slow for
+    the 10M-row benchmark).
 
     One trial per size x optimizer (x lr, see ``lrs``) x norm x rotation x seed.
     ``rotations`` entries are names, ``("partial", k)`` or ``("groups", [[0, 1], [2, 3]])``. ``n_layers`` is one depth or one per size. The first
@@ -360,14 +370,26 @@ def write_store(
         tables["curves"] = cur.cast(CURVES_SCHEMA)  # type: ignore[arg-type]
     if checks:
         tables["checks"] = chk.cast(CHECKS_SCHEMA)  # type: ignore[arg-type]
+    store = ResultsStore(root, name)
     for table, frame in tables.items():
-        folder = os.path.join(sweep, table)
-        os.makedirs(folder, exist_ok=True)
-        ids = frame.get_column("trial_id").unique(maintain_order=True).to_list()
-        k = max(1, min(files, len(ids)))
-        for i in range(k):
-            part = frame.filter(pl.col("trial_id").is_in(ids[i::k]))
-            part.write_parquet(os.path.join(folder, f"part-{i:03d}.parquet"))
+        for (tid,), part in sorted(frame.partition_by("trial_id", as_dict=True).items()):
+            if table in ("runs", "checks"):
+                if not through_store:
+                    _write(store, f"{table}/{tid}.parquet", part, table)
+                elif table == "runs":
+                    store.write_run(part.row(0, named=True))
+                else:
+                    store.write_checks(tid, part.drop("trial_id").to_dicts())
+                continue
+            steps_ = part.get_column("step").unique().sort().to_list()
+            k = max(1, min(parts, len(steps_)))
+            for i in range(k):  # k flushes, each a step range
+                lo, hi = steps_[i * len(steps_) // k], steps_[(i + 1) * len(steps_) // k - 1]
+                piece = part.filter(pl.col("step").is_between(lo, hi))
+                if through_store:
+                    store.write_part(table, tid, piece.drop("trial_id").to_dicts())
+                else:
+                    _write(store, f"{table}/{tid}.{lo:09d}-{hi:09d}.parquet", piece, table)
     os.makedirs(os.path.join(sweep, "ray"), exist_ok=True)  # a non-table folder to ignore
     with open(os.path.join(sweep, "ray", "experiment_state.json"), "w") as f:
         f.write("{}")
@@ -384,3 +406,10 @@ def write_store(
         n_done=n - failed - diverged,
         n_metric_rows=m.height,
     )
+
+
+def _write(store: ResultsStore, rel: str, frame: pl.DataFrame, table: str) -> None:
+    """What ``ResultsStore`` writes, from a frame: same name, same Arrow schema."""
+    path = os.path.join(store.path, rel)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    pq.write_table(frame.to_arrow().select(ARROW[table].names).cast(ARROW[table]), path)

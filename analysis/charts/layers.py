@@ -1,0 +1,179 @@
+"""Shared chart layers and layout: y scales, the band-and-line, log axes, the reference rule,
+and assembling layers into one sized (faceted) chart."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import altair as alt
+import polars as pl
+
+from analysis.charts.frames import slim, variant_order, variant_title, varies, rotation_sort, size_sort, tooltip
+from analysis.charts.style import (
+    COLOR_LEGEND, DASH_LEGEND, DASHES, FAMILY_ORDER, HEIGHT, PANEL_HEIGHT, PANEL_WIDTH, SI_LABEL, WIDTH,
+    optimizer_scale,
+)  # fmt: skip
+
+
+
+def y_scale_for(
+    df: pl.DataFrame, log_y: bool | None, reference: float | None, cols: Sequence[str] = ()
+) -> alt.Scale:
+    vals: list[float] = []
+    for c in ("mean", "ci_low", "ci_high", *cols):
+        if c in df.columns:
+            vals += [v for v in df.get_column(c).to_list() if v is not None and math.isfinite(v)]
+    if reference is not None:
+        vals.append(reference)
+    positive = bool(vals) and min(vals) > 0
+    if log_y is None:
+        log_y = positive and max(vals) / min(vals) > 20
+    if log_y and positive:
+        return alt.Scale(type="log", nice=False, padding=8)
+    return alt.Scale(zero=False, nice=False, padding=8)
+
+
+def lines_with_band(
+    df: pl.DataFrame,
+    x: str,
+    y_title: str,
+    x_title: str,
+    log_y: bool | None,
+    reference: float | None,
+    *,
+    log_x: bool = False,
+) -> list[alt.Chart]:
+    y_scale = y_scale_for(df, log_y, reference)
+    color_scale = optimizer_scale(df.get_column("optimizer").to_list())
+    color = alt.Color("optimizer:N", scale=color_scale, title="Optimizer", legend=COLOR_LEGEND)
+    if x == "layer":  # explicit integer ticks: tickMinStep alone still yields 0.5 steps
+        x_axis = alt.Axis(values=sorted({int(v) for v in df.get_column(x).to_list()}), format="d")
+    elif log_x:
+        x_axis = log_axis(df.get_column(x).to_list(), max_ticks(df))
+    else:
+        x_axis = alt.Axis(format="~s", labelExpr=SI_LABEL, labelFlush=True)
+    x_enc = alt.X(
+        f"{x}:Q", title=x_title, axis=x_axis, scale=alt.Scale(type="log") if log_x else alt.Undefined
+    )
+    has_variant = varies(df, "variant")
+    dash: dict[str, Any] = {}
+    if has_variant:
+        order = variant_order(df)
+        dash["strokeDash"] = alt.StrokeDash(
+            "variant:N",
+            title=variant_title(df),
+            sort=order,
+            scale=alt.Scale(domain=order, range=(DASHES * 3)[: len(order)]),
+            legend=DASH_LEGEND,
+        )
+    tip = tooltip(df, ["optimizer", "variant", "size", x, "mean", "ci_low", "ci_high", "n"])
+    layers = band_and_line(
+        x_enc, "mean", "ci_low", "ci_high", y_scale=y_scale, color=color, y_title=y_title,
+        line={"point": alt.OverlayMarkDef(size=16) if df.get_column(x).n_unique() <= 25 else False},
+        tooltip=tip, **dash,
+    )  # fmt: skip
+    if reference is not None:
+        layers.append(reference_rule(reference))
+    return layers
+
+
+def band_and_line(
+    x: alt.X,
+    mid: str,
+    low: str,
+    high: str,
+    *,
+    y_scale: alt.Scale,
+    color: alt.Color,
+    y_title: Any = alt.Undefined,
+    band: dict[str, Any] | None = None,
+    line: dict[str, Any] | None = None,
+    **line_encoding: Any,
+) -> list[alt.Chart]:
+    """A band from ``low`` to ``high`` under a line at ``mid``, one per optimiser (colour) and
+    variant: the shape of every line-with-interval chart (CI bands, fitted-curve bands).
+    ``band``/``line``: mark properties; ``line_encoding``: more channels for the line."""
+    return [
+        alt.Chart().mark_area(**(band or {}))
+        .encode(x=x, y=alt.Y(f"{low}:Q", scale=y_scale), y2=f"{high}:Q", color=color, detail="variant:N"),
+        alt.Chart().mark_line(**(line or {}))
+        .encode(x=x, y=alt.Y(f"{mid}:Q", title=y_title, scale=y_scale), color=color, detail="variant:N",
+                **line_encoding),
+    ]  # fmt: skip
+
+
+def log_axis(values: Sequence[float | None], max_ticks: int = 6) -> alt.Axis:
+    """A log axis labelled only at 1-2-5 x 10^k (or 10^k when the range is wide), with SI
+    suffixes (50k, 1M), instead of Vega's crowded default labels."""
+    vals = [v for v in values if v is not None and math.isfinite(v) and v > 0]
+    if not vals:
+        return alt.Axis(format="~s")
+    lo, hi = min(vals) / 1.12, max(vals) * 1.12
+    decades = range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+    ticks = [m * 10.0**k for k in decades for m in (1, 2, 5) if lo <= m * 10.0**k <= hi]
+    if len(ticks) > max_ticks:
+        ticks = [10.0**k for k in decades if lo <= 10.0**k <= hi]
+        if len(ticks) > 7:
+            ticks = ticks[:: math.ceil(len(ticks) / 6)]
+    if len(ticks) < 2:
+        ticks = sorted(set(vals))
+    return alt.Axis(values=ticks, format="~s", labelExpr=SI_LABEL, grid=True)
+
+
+def reference_rule(reference: float) -> alt.Chart:
+    return (
+        alt.Chart()
+        .mark_rule(color="#555555", strokeDash=[3, 3], strokeWidth=1)
+        .encode(y=alt.datum(reference))
+    )
+
+
+def assemble(
+    layers: list[alt.Chart],
+    df: pl.DataFrame,
+    facet: str | None,
+    *,
+    rows: str | None = None,
+    keep: Sequence[str] = (),
+) -> alt.TopLevelMixin:
+    has_facet = "facet" in df.columns and varies(df, "facet")
+    has_rows = rows is not None and varies(df, rows)
+    df = slim(df, keep)
+    if not has_facet and not has_rows:
+        return alt.layer(*layers, data=df).properties(width=WIDTH, height=HEIGHT)
+    n_cols = df.get_column("facet").n_unique() if has_facet else 1
+    width = panel_width(n_cols)
+    base = alt.layer(*layers, data=df).properties(width=width, height=PANEL_HEIGHT)
+    kw: dict[str, Any] = {}
+    if has_facet:
+        sort: Any = "ascending"
+        if facet == "rotation":
+            sort = rotation_sort(df)
+        elif facet == "optimizer_family":  # per-coordinate first, then the basis-free families
+            sort = [f"family: {f.replace('_', ' ')}" for f in FAMILY_ORDER]
+        kw["column"] = alt.Column("facet:N", title=None, sort=sort)
+    if has_rows:  # size labels above each row's panels, not beside the y-axis title
+        header = alt.Header(labelOrient="top", labelAngle=0, labelAnchor="start", labelFontWeight="bold")
+        kw["row"] = alt.Row(f"{rows}:N", title=None, sort=size_sort(df), header=header)
+    chart = base.facet(**kw)
+    if has_rows and any(k in keep for k in ("tokens", "step")):
+        chart = chart.resolve_scale(x="independent")  # each size trains for its own length
+    return chart
+
+
+def max_ticks(df: pl.DataFrame) -> int:
+    """Labelled ticks that fit: 6 across a full-width chart, 4 in a facet panel."""
+    return 4 if "facet" in df.columns and varies(df, "facet") else 6
+
+
+def panel_width(n_cols: int) -> int:
+    # Two panels share one column; more panels make a two-column (page-wide) figure.
+    return max(100, min(PANEL_WIDTH, (4 * WIDTH) // max(n_cols, 1) - 20))
+
+
+def chart_title(title: str | None, size_note: str | None) -> alt.TitleParams | str:
+    if not title:
+        return size_note or ""
+    return alt.TitleParams(text=title, subtitle=size_note or alt.Undefined)

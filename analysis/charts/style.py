@@ -1,0 +1,176 @@
+"""The charts' look: the fixed optimiser palette, titles, sizes, markers and the paper theme."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import altair as alt
+
+from analysis.labels import BASIS_SERIES, SITE_NAMES
+
+__all__ = [
+    "AXIS_TITLES", "COLOR_LEGEND", "DASHES", "DASH_LEGEND", "FAMILY_ORDER", "FONT", "HEIGHT",
+    "MAX_EVALS", "METRIC_TITLES", "OKABE_ITO", "OPTIMIZER_COLORS", "PANEL_HEIGHT", "PANEL_WIDTH",
+    "REFERENCES", "ROTATION_ORDER", "SERIES_ORDER", "SHAPES", "SI_LABEL", "SITE_NAMES", "SizeChoice",
+    "WIDTH", "apply_theme", "format_count", "metric_title", "optimizer_scale", "paper_theme",
+    "register_theme",
+]  # fmt: skip
+
+OKABE_ITO = {
+    "orange": "#E69F00",
+    "sky_blue": "#56B4E9",
+    "bluish_green": "#009E73",
+    "yellow": "#F0E442",
+    "blue": "#0072B2",
+    "vermillion": "#D55E00",
+    "reddish_purple": "#CC79A7",
+    "black": "#000000",
+}
+# Fixed so a given optimiser has one colour in every chart of every report.
+OPTIMIZER_COLORS = {
+    "adam": OKABE_ITO["vermillion"],
+    "sgd": OKABE_ITO["blue"],
+    "rotated_adam": OKABE_ITO["bluish_green"],
+    "soap": OKABE_ITO["reddish_purple"],
+    "muon": OKABE_ITO["orange"],
+    "lion": OKABE_ITO["sky_blue"],
+    "signsgd": OKABE_ITO["black"],
+    "adafactor": "#8C6D1F",  # dark ochre: Okabe-Ito yellow is unreadable as a thin line
+}
+FAMILY_ORDER = ("per_coordinate", "rotation_equivariant", "fixed_random_basis", "adaptive_basis")
+"""The optimiser families (DESIGN.md), in the order their panels appear."""
+_SPARE = ["#999999", "#6A3D9A", "#B15928", "#1F78B4", "#33A02C"]
+
+METRIC_TITLES = {
+    "kurtosis": "Kurtosis (Gaussian = 3)",
+    "neuron_kurtosis": "Neuron kurtosis (Gaussian ≈ 1)",
+    "outlier_dims_abs": "Outlier dimensions (|x| > 6)",
+    "outlier_dims_rel": "Outlier dimensions (|x| > 6 RMS)",
+    "max_abs": "Max |activation|",
+    "max_median_ratio": "Max / median |activation|",
+    "dettmers_outliers": "Outlier features (Dettmers)",
+    "final_val_loss": "Validation loss (nats/token)",
+    "final_train_loss": "Training loss (nats/token)",
+    "quant_loss_delta": "Quantisation penalty (Δ val loss, nats/token)",
+}
+REFERENCES = {"kurtosis": 3.0, "neuron_kurtosis": 1.0}
+AXIS_TITLES = {
+    "params_non_embedding": "Parameters (non-embedding)",
+    "params": "Parameters (total)",
+    "flops_per_token": "FLOPs per token",
+    "tokens": "Training tokens",
+    "step": "Training step",
+    "layer": "Layer (0 = embeddings)",
+    "depth": "Relative depth (layer / layers)",
+}
+
+# Plot-area sizes: with axes and legend a single chart is ~310 px wide, one paper column
+# (3.3 in at 72 dpi), so 10 px labels print at ~10 pt when the figure is set at \columnwidth.
+WIDTH, HEIGHT = 250, 165
+PANEL_WIDTH, PANEL_HEIGHT = 125, 110  # one facet panel; two panels fill one column
+FONT = "Helvetica, Arial, 'Liberation Sans', 'DejaVu Sans', sans-serif"
+
+MAX_EVALS = 40  # evals drawn per line over training
+SizeChoice = Literal["largest", "smallest"] | int | None
+
+
+# ---------------------------------------------------------------- theme
+
+
+def paper_theme() -> dict[str, Any]:
+    """The shared Vega-Lite config: paper font sizes, light grid, legends below the plot."""
+    return {
+        "font": FONT,
+        "background": "white",
+        "padding": 6,
+        "view": {"continuousWidth": WIDTH, "continuousHeight": HEIGHT, "stroke": "#bbbbbb"},
+        "axis": {
+            "labelFontSize": 10,
+            "titleFontSize": 11,
+            "titleFontWeight": "normal",
+            "titleColor": "#222222",
+            "labelColor": "#222222",
+            "gridColor": "#ececec",
+            "domainColor": "#666666",
+            "tickColor": "#666666",
+            "labelOverlap": "greedy",
+        },
+        "legend": {
+            "orient": "bottom",
+            "direction": "horizontal",
+            "labelFontSize": 10,
+            "titleFontSize": 10,
+            "titleFontWeight": "normal",
+            "symbolSize": 70,
+            "symbolStrokeWidth": 2,
+            "labelLimit": 200,
+            "columns": 4,
+            "columnPadding": 8,
+            "rowPadding": 3,
+            "offset": 12,
+            # several legends stack under the plot instead of spreading sideways past it
+            "layout": {"expr": "{bottom: {anchor: 'start', direction: 'vertical', margin: 4}}"},
+        },
+        "header": {"labelFontSize": 10, "titleFontSize": 10, "titleFontWeight": "normal"},
+        "title": {"fontSize": 12, "fontWeight": "normal", "anchor": "start", "offset": 6},
+        "line": {"strokeWidth": 1.6},
+        "point": {"size": 28, "filled": True},
+        "area": {"opacity": 0.18},
+    }
+
+
+def apply_theme(chart: alt.TopLevelMixin) -> alt.TopLevelMixin:
+    """``chart.configure(...)`` with ``paper_theme()``."""
+    return chart.configure(**paper_theme())
+
+
+def register_theme(name: str = "paper", *, enable: bool = True) -> str:
+    """Register ``paper_theme`` as an Altair theme (for charts built outside this module)."""
+
+    def _theme() -> dict[str, Any]:
+        return {"config": paper_theme()}
+
+    alt.theme.register(name, enable=enable)(_theme)
+    return name
+
+
+def optimizer_scale(names: Sequence[str]) -> alt.Scale:
+    """A colour scale over ``names`` that gives each optimiser its fixed colour."""
+    domain = _order(names, list(OPTIMIZER_COLORS))
+    spare = iter(_SPARE * 4)
+    colours = [OPTIMIZER_COLORS.get(n) or next(spare) for n in domain]
+    return alt.Scale(domain=domain, range=colours)
+
+
+def metric_title(metric: str, site: str | None = None, basis: str | None = None) -> str:
+    """A readable axis title for a metric, e.g. ``"Kurtosis (Gaussian = 3)"``."""
+    title = METRIC_TITLES.get(metric, metric.replace("_", " ").capitalize())
+    where = SITE_NAMES.get((site, basis)) if site else None
+    return title if where in (None, "residual stream", "model") else f"{title}, {where}"
+
+
+def format_count(n: float | None) -> str:
+    """1234567 -> ``"1.2M"``; 50000 -> ``"50k"``."""
+    if n is None or not math.isfinite(n):
+        return "?"
+    for div, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= div:
+            v = n / div
+            return f"{v:.3g}{unit}"
+    return f"{n:g}"
+
+SERIES_ORDER = list(BASIS_SERIES.values())  # basis_comparison's legend, in this order
+SHAPES = ["circle", "triangle-up", "square", "diamond"]
+DASHES = [[1, 0], [2, 2], [6, 3], [8, 2, 2, 2]]
+ROTATION_ORDER = ["none", "shared", "partial", "groups", "independent"]
+COLOR_LEGEND = alt.Legend(symbolOpacity=1, symbolType="circle")
+DASH_LEGEND = alt.Legend(symbolType="stroke", symbolStrokeColor="#333333", symbolSize=300)
+SI_LABEL = "datum.value == 0 ? '0' : format(datum.value, '.3~s')"
+
+
+def _order(values: Sequence[Any], preferred: Sequence[Any]) -> list[Any]:
+    seen = [v for v in dict.fromkeys(values) if v is not None]
+    known = [p for p in dict.fromkeys(preferred) if p in seen]
+    return known + sorted((v for v in seen if v not in known), key=str)

@@ -1,0 +1,136 @@
+"""One seed-aggregated measure against another, per config: matched loss, quantisation."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import altair as alt
+import polars as pl
+
+from analysis.charts.frames import as_frame, decorate, size_column, tooltip, variant_order, variant_title, varies
+from analysis.charts.layers import assemble, chart_title, reference_rule, y_scale_for
+from analysis.charts.style import (
+    COLOR_LEGEND, METRIC_TITLES, REFERENCES, apply_theme, format_count, metric_title, optimizer_scale,
+)  # fmt: skip
+
+__all__ = ["kurtosis_vs_loss", "metric_vs_metric", "quant_penalty"]
+
+
+
+def metric_vs_metric(
+    table: pl.DataFrame | pl.LazyFrame,
+    *,
+    x_title: str,
+    y_title: str,
+    facet: str | None = None,
+    log_x: bool = False,
+    log_y: bool | None = None,
+    reference: float | None = None,
+    x_reference: float | None = None,
+    connect: bool = True,
+    title: str | None = None,
+    configure: bool = True,
+) -> alt.TopLevelMixin:
+    """One seed-aggregated measure against another, per config (from ``selection.versus``:
+    ``x``/``x_low``/``x_high`` against ``mean``/``ci_low``/``ci_high``): a point per config
+    with both t-intervals as error bars, colour = optimiser, marker size = model size;
+    ``connect`` joins each optimiser's (and variant's) points in order of size."""
+    df = decorate(as_frame(table), facet)
+    size_col = size_column(df)
+    df = df.with_columns(kind=pl.lit("point"))
+    if size_col:
+        df = df.with_columns(
+            size=pl.col(size_col).map_elements(lambda v: format_count(v), return_dtype=pl.String),
+            _order=pl.col(size_col).cast(pl.Float64),
+        )
+    layers = _xy_layers(df, x_title, y_title, log_x, log_y, reference, x_reference, connect, size_col)
+    chart = assemble(layers, df, facet, keep=["x", "x_low", "x_high", "_order", "x_n"])
+    chart = chart.properties(title=chart_title(title, None))
+    return apply_theme(chart) if configure else chart
+
+
+def kurtosis_vs_loss(
+    table: pl.DataFrame | pl.LazyFrame, *, facet: str | None = None, **kw: Any
+) -> alt.TopLevelMixin:
+    """The matched-loss view: residual kurtosis (y) against final validation loss (x) per
+    config (``selection.versus(loss_table, scale_table)``); configs at the same loss compare
+    optimisers at matched quality, not matched steps."""
+    kw.setdefault("title", "Kurtosis at matched loss")
+    return metric_vs_metric(
+        table, x_title=METRIC_TITLES["final_val_loss"], y_title=metric_title("kurtosis"),
+        facet=facet, reference=REFERENCES["kurtosis"], **kw,
+    )  # fmt: skip
+
+
+def quant_penalty(
+    table: pl.DataFrame | pl.LazyFrame, *, facet: str | None = None, **kw: Any
+) -> alt.TopLevelMixin:
+    """What outliers cost: the quantisation penalty (y, from ``selection.quant_penalty``)
+    against residual kurtosis (x), per config, coloured by optimiser."""
+    df = as_frame(table)
+    quant = df.get_column("quant").first() if "quant" in df.columns and df.height else "w8a8"
+    kw.setdefault("title", f"{str(quant).upper()} quantisation penalty")
+    return metric_vs_metric(
+        df, x_title=metric_title("kurtosis"),
+        y_title=f"{str(quant).upper()} penalty (Δ val loss, nats/token)",
+        facet=facet, x_reference=REFERENCES["kurtosis"], **kw,
+    )  # fmt: skip
+
+
+def _xy_layers(
+    df: pl.DataFrame,
+    x_title: str,
+    y_title: str,
+    log_x: bool,
+    log_y: bool | None,
+    reference: float | None,
+    x_reference: float | None,
+    connect: bool,
+    size_col: str | None,
+) -> list[alt.Chart]:
+    """Point + two-way error bars (+ connecting line) layers for ``metric_vs_metric``."""
+    y_scale = y_scale_for(df, log_y, reference)
+    xs = [v for c in ("x", "x_low", "x_high") if c in df.columns for v in df.get_column(c).to_list()
+          if v is not None and math.isfinite(v)]  # fmt: skip
+    if x_reference is not None:
+        xs.append(x_reference)
+    x_scale = alt.Scale(type="log" if log_x else "linear", zero=False, nice=False, padding=10)
+    x_enc = alt.X("x:Q", title=x_title, scale=x_scale)
+    color = alt.Color(
+        "optimizer:N", scale=optimizer_scale(df.get_column("optimizer").to_list()),
+        title="Optimizer", legend=COLOR_LEGEND,
+    )  # fmt: skip
+    extra: dict[str, Any] = {}
+    if varies(df, "variant"):
+        extra["shape"] = alt.Shape("variant:N", title=variant_title(df), sort=variant_order(df))
+    if size_col and varies(df, "size"):
+        order = df.select("size", "_order").unique().sort("_order").get_column("size").to_list()
+        extra["size"] = alt.Size(
+            "size:N", sort=order, title="Model size",
+            scale=alt.Scale(domain=order, range=[18 + 90 * i / max(1, len(order) - 1) for i in range(len(order))]),
+        )  # fmt: skip
+    tip = tooltip(df, ["optimizer", "variant", "size", "x", "x_low", "x_high", "mean", "ci_low", "ci_high", "n"])
+    layers: list[alt.Chart] = []
+    if connect:
+        layers.append(
+            alt.Chart().mark_line(strokeWidth=1, opacity=0.6)
+            .encode(x=x_enc, y=alt.Y("mean:Q", scale=y_scale), color=color, detail="variant:N",
+                    order=alt.Order("_order:Q") if size_col else alt.Undefined)
+        )  # fmt: skip
+    layers += [
+        alt.Chart().mark_rule(strokeWidth=1).encode(
+            x=x_enc, y=alt.Y("ci_low:Q", scale=y_scale), y2="ci_high:Q", color=color),
+        alt.Chart().mark_rule(strokeWidth=1).encode(
+            x=alt.X("x_low:Q", scale=x_scale), x2="x_high:Q", y=alt.Y("mean:Q", scale=y_scale), color=color),
+        alt.Chart().mark_point(filled=True, opacity=1).encode(
+            x=x_enc, y=alt.Y("mean:Q", title=y_title, scale=y_scale), color=color, tooltip=tip, **extra),
+    ]  # fmt: skip
+    if reference is not None:
+        layers.append(reference_rule(reference))
+    if x_reference is not None:
+        layers.append(
+            alt.Chart().mark_rule(color="#555555", strokeDash=[3, 3], strokeWidth=1)
+            .encode(x=alt.datum(x_reference))
+        )  # fmt: skip
+    return layers

@@ -1,0 +1,342 @@
+"""The report's content from a sweep's results: best-lr selection, the charts (Altair
+objects and captions), the power-law fits and comparisons, and the tables. Computes, never
+renders or writes (``report_render``, ``report``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+from analysis import charts, fits, queries, selection
+from analysis.labels import SITE_NAMES
+from analysis.load import Results
+from analysis.report_fits import DEFAULT_FITS, FitSpec, compare_lines
+
+__all__ = ["ReportContent", "build"]
+
+
+@dataclass
+class ReportContent:
+    """Everything the report shows, computed; ``charts[name]`` is an Altair chart with its
+    caption in ``captions[name]`` (in display order)."""
+
+    name: str
+    path: str
+    x: str
+    sizes: list[Any] = field(default_factory=list)
+    n_runs: int = 0
+    n_done: int = 0
+    n_failed: int = 0
+    n_diverged: int = 0
+    done: pl.DataFrame = field(default_factory=pl.DataFrame)
+    failures: pl.DataFrame = field(default_factory=pl.DataFrame)
+    charts: dict[str, Any] = field(default_factory=dict)
+    captions: dict[str, str] = field(default_factory=dict)
+    fits: pl.DataFrame = field(default_factory=pl.DataFrame)
+    skipped: pl.DataFrame = field(default_factory=pl.DataFrame)
+    comparisons: pl.DataFrame = field(default_factory=pl.DataFrame)
+    best_lr: pl.DataFrame = field(default_factory=pl.DataFrame)
+    onsets: pl.DataFrame | None = None
+    check_summary: pl.DataFrame = field(default_factory=pl.DataFrame)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def best_lr_csv(self) -> pl.DataFrame:
+        """``best_lr`` as written to best_lr.csv (the ladder joined into one string)."""
+        keep = [c for c in _BEST_COLUMNS if c in self.best_lr.columns]
+        return self.best_lr.select(keep).with_columns(pl.col("lrs").cast(pl.List(pl.String)).list.join(" "))
+
+
+def build(
+    results: Results,
+    *,
+    x: str = "params_non_embedding",
+    fit_specs: Sequence[FitSpec] = DEFAULT_FITS,
+    n_boot: int = 1000,
+    seed: int = 0,
+    confidence: float = 0.95,
+    onset_threshold: float = 3.5,
+    say: Callable[[str], None] = lambda _msg: None,
+) -> ReportContent:
+    """Compute the report's content from ``results`` (see ``report.write_report``)."""
+    c = ReportContent(name=results.name, path=results.path, x=x)
+    built: dict[str, tuple[Any, str]] = {}  # name -> (chart, caption)
+    # ---- runs: what finished, what did not (ids derived once, see analysis.identity)
+    runs = queries.runs_table(results.runs.collect(), status=None).collect()
+    results = dataclasses.replace(results, runs=runs.lazy())
+    status = runs.get_column("status")
+    c.n_runs = runs.height
+    c.n_done = int((status == "done").sum())
+    c.n_failed = int((status == "failed").sum())
+    c.n_diverged = int((status == "diverged").sum())
+    done = runs.filter(pl.col("status") == "done")
+    say(
+        f"{c.n_runs} trials: {c.n_done} done, {c.n_failed} failed, "
+        f"{c.n_diverged} diverged (failed and diverged are excluded)"
+    )
+    if c.n_failed or c.n_diverged:
+        c.notes.append(
+            f"{c.n_failed} failed and {c.n_diverged} diverged trials are excluded "
+            "from every chart and fit (listed at the end)."
+        )
+    if x not in done.columns or done.get_column(x).null_count() == done.height:
+        fallback = "params" if "params" in done.columns else x
+        if fallback != x:
+            c.notes.append(f"column {x} is empty; model size is {fallback} instead.")
+            x = fallback
+    sizes = sorted(v for v in done.get_column(x).unique().to_list() if v is not None) if done.height else []
+    facet = "norm" if done.height and done.get_column("norm").n_unique() > 1 else None
+    line = "tuned_line_id"  # one config across sizes, at each size's best lr
+
+    # ---- one pass over the metrics: keep (in memory) only the metrics the report uses, so
+    # the dozen queries below do not each rescan every Parquet file
+    say("scanning metrics")
+    needed = sorted({"kurtosis", "quant_loss_delta", *(s.metric for s in fit_specs if s.site is not None)})
+    used = results.metrics.filter(pl.col("metric").is_in(needed)).collect() if c.n_done else None
+    if used is not None:
+        results = dataclasses.replace(results, metrics=used.lazy())
+    have = set(used.select("site", "basis", "metric").unique().iter_rows()) if used is not None else set()
+
+    fit_tables: list[pl.DataFrame] = []
+    comparison_rows: list[dict[str, Any]] = []
+    if c.n_done == 0:
+        c.notes.append("No trial has finished: nothing to chart or fit.")
+    elif len(sizes) < 2:
+        c.notes.append(
+            f"Only one model size ({charts.format_count(sizes[0]) if sizes else '?'} "
+            f"{charts.AXIS_TITLES.get(x, x).lower()}): "
+            "power-law fits need at least two, so no fits were made."
+        )
+
+    if c.n_done:
+        # ---- best lr: the main charts and fits show one lr per optimiser, size, norm, rotation
+        c.best_lr = selection.best_lr(results, confidence=confidence)
+        main = selection.best_lr_results(results, c.best_lr)
+        tuned = bool(c.best_lr.height) and int(c.best_lr.get_column("n_lrs").max()) > 1
+        shown = (
+            "best-lr points (per optimiser, size, norm and rotation, the lr with the lowest "
+            "seed-mean final val loss; see the best-lr table)"
+            if tuned else "every config (each was run at one lr: untuned)"
+        )  # fmt: skip
+        flagged = c.best_lr.filter(pl.col("edge").is_not_null() | pl.col("tie"))
+        if flagged.height:
+            c.notes.append(
+                f"{flagged.height} of {c.best_lr.height} best-lr choices are flagged (an "
+                "optimum at the edge of the lr ladder, or a tie): see the best-lr table."
+            )
+        # ---- layer profile and training dynamics
+        if ("resid", "stored", "kurtosis") in have:
+            say("kurtosis by layer")
+            prof = queries.layer_profile(main, "kurtosis", confidence=confidence).collect()
+            built["kurtosis_by_layer"] = (
+                charts.kurtosis_by_layer(prof, facet=facet),
+                "Residual-stream kurtosis by layer at the end of training (largest model), "
+                f"mean over seeds with {confidence:.0%} t-intervals; {shown}. Dashed: Gaussian (3).",
+            )
+            say("kurtosis over training")
+            over = queries.metric_over_training(main, "kurtosis", confidence=confidence).collect()
+            onsets = selection.onset(main, threshold=onset_threshold, confidence=confidence).collect()
+            built["kurtosis_over_training"] = (
+                charts.metric_over_training(
+                    over, facet=facet, size=None, threshold=onset_threshold, onsets=onsets,
+                    title="Residual-stream kurtosis over training",
+                ),
+                "Residual-stream kurtosis (mean over blocks) against training tokens, one row per "
+                f"model size; {shown}. Diamonds: mean tokens of the first eval at which kurtosis exceeds "
+                f"{onset_threshold:g} (dotted), with {confidence:.0%} t-intervals over the seeds that "
+                "crossed (onset.csv also counts seeds that never did).",
+            )
+            c.onsets = onsets.select(pl.exclude("tuning_id", "line_id", "tuned_line_id"))
+            if "final_val_loss" in done.columns:
+                say("kurtosis at matched loss")
+                every = selection.versus(
+                    queries.loss_table(results, confidence=confidence),
+                    queries.scale_table(results, "kurtosis", confidence=confidence),
+                ).collect()
+                built["kurtosis_vs_loss"] = (
+                    charts.kurtosis_vs_loss(every, facet=facet),
+                    "Matched-loss view: residual-stream kurtosis (mean over blocks) against final "
+                    "validation loss, one point per config (every lr tried, every size; marker "
+                    f"size = model size), {confidence:.0%} t-intervals over seeds both ways. "
+                    "Compare optimisers at the same loss, not the same step.",
+                )
+            if _varies(done, "optimizer_family"):
+                say("kurtosis by optimiser family")
+                fam = queries.scale_table(main, "kurtosis", confidence=confidence).collect()
+                built["kurtosis_by_family"] = (
+                    charts.metric_vs_params(fam, None, x=x, facet="optimizer_family", connect=True,
+                                            title="Residual stream, by optimiser family"),
+                    "Residual-stream kurtosis (mean over blocks) against model size, one line per "
+                    f"optimiser, one panel per optimiser family; {shown}; seed means with "
+                    f"{confidence:.0%} t-intervals.",
+                )  # fmt: skip
+        else:
+            c.notes.append("No residual-stream kurtosis recorded: layer and training charts skipped.")
+        if any(s in {("attn_in", "computation"), ("mlp_in", "computation")} for s in {(a, b) for a, b, m in have if m == "kurtosis"}):
+            say("basis comparison")
+            bc = queries.basis_comparison(main, "kurtosis", confidence=confidence).collect()
+            built["basis_comparison"] = (
+                charts.basis_comparison(bc),
+                "Kurtosis by layer in the residual stream's stored basis, a random basis "
+                "(control, 3d/(d+2)), and the attention / MLP inputs in their computation basis "
+                f"(largest model); {shown}.",
+            )
+        quant = sorted(b for s_, b, m in have if m == "quant_loss_delta" and s_ == "model")
+        if not quant:
+            c.notes.append("No quantisation penalty recorded (metric quant_loss_delta): chart skipped.")
+        for qb in quant:
+            say(f"{qb} penalty against kurtosis")
+            qt = selection.quant_penalty(main, qb, confidence=confidence).collect()
+            built[f"quant_{qb}_vs_kurtosis"] = (
+                charts.quant_penalty(qt, facet=facet),
+                f"{qb.upper()} quantisation penalty (quantised minus float val loss at the final "
+                "step) against residual-stream kurtosis (mean over blocks), one point per config "
+                f"(marker size = model size); {shown}; {confidence:.0%} t-intervals over seeds.",
+            )
+
+        # ---- scaling fits
+        skipped: list[dict[str, Any]] = []
+        for spec in fit_specs:
+            if spec.site is None:
+                if spec.metric not in done.columns:
+                    c.notes.append(f"runs have no column {spec.metric}: {spec.label} skipped.")
+                    continue
+                per = queries.runs_table(main).with_columns(value=pl.col(spec.metric)).collect()
+                table = queries.loss_table(main, spec.metric, confidence=confidence).collect()
+            else:
+                if (spec.site, spec.basis, spec.metric) not in have:
+                    c.notes.append(f"no {spec.metric} at {spec.site}/{spec.basis}: {spec.label} skipped.")
+                    continue
+                control = queries.CONTROL if spec.control else None
+                if control and (*control, spec.metric) not in have:
+                    c.notes.append(f"no {spec.metric} control at {'/'.join(control)}: {spec.label} skipped.")
+                    continue
+                per = queries.per_trial(
+                    main, spec.metric, spec.site, spec.basis or "", spec.layer_agg, control=control
+                ).collect()
+                table = None
+            # a fixed row order: the bootstrap resamples by position (group_by order is not fixed)
+            per = per.filter(pl.col("value").is_finite()).sort(line, x, "seed", "trial_id")
+            fitted: dict[Any, Any] = {}
+            if len(sizes) >= 2:
+                say(f"fitting {spec.label}")
+                fitted = fits.fit_each(
+                    per, x, "value", [line], offset=spec.offset, n_boot=n_boot, seed=seed,
+                    seeds="seed", confidence=confidence,
+                )  # fmt: skip
+                ft = fits.fits_table(fitted, [line]).join(selection.line_labels(per, line), on=line, how="left")
+                ft = ft.select(pl.lit(spec.label).alias("fit"), pl.all())
+                ft = ft.sort([c for c in ("optimizer", "norm", "rotation_label", "config") if c in ft.columns])
+                fit_tables.append(ft.filter(pl.col("exponent").is_not_null()))
+                skipped += ft.filter(pl.col("exponent").is_null()).select("fit", "config", "note").to_dicts()
+                comparison_rows += compare_lines(per, x, line, spec, n_boot, seed, confidence, fitted)
+            if not spec.chart:
+                continue
+            curves = None
+            if fitted:
+                curves = fits.fit_curves(fitted, [line], x=x).join(
+                    per.group_by(line).agg(pl.col(c).first() for c in queries.carried(per.columns, [line, x, "lr"])),
+                    on=line, how="left",
+                )  # fmt: skip
+            if spec.site is None:
+                chart = charts.loss_vs_params(table, curves, column=spec.metric, x=x, facet=facet)
+                caption = "Final validation loss against model size, log-log"
+            else:
+                table = queries.scale_table(
+                    main, spec.metric, spec.site, spec.basis or "", spec.layer_agg,
+                    confidence=confidence,
+                ).collect()  # fmt: skip
+                chart = charts.metric_vs_params(
+                    table, curves, metric=spec.metric, x=x, facet=facet,
+                    title=_site_title(spec.site, spec.basis),
+                )  # fmt: skip
+                caption = f"{spec.label[:1].upper()}{spec.label[1:]} against model size (log x)"
+            fitted_note = (
+                f"; lines: power-law fits of y − {spec.offset:g} with {confidence:.0%} bootstrap bands"
+                if fitted and spec.offset
+                else "; lines: power-law fits with bootstrap bands"
+                if fitted
+                else ""
+            )
+            built[f"{spec.name}_vs_params"] = (
+                chart,
+                f"{caption}; {shown}: seed means with {confidence:.0%} t-intervals{fitted_note}.",
+            )
+        if skipped:
+            c.skipped = pl.from_dicts(skipped)
+            c.notes.append(
+                f"{len(skipped)} fits are undefined and not listed: "
+                + "; ".join(f"{r['fit']}: {r['config']} ({_why(r['note'])})" for r in skipped)
+                + "."
+            )
+
+
+    # ---- tables
+    c.fits = (
+        pl.concat(fit_tables, how="diagonal_relaxed")
+        if fit_tables
+        else pl.DataFrame(schema={"fit": pl.String})
+    )
+    c.comparisons = pl.from_dicts(comparison_rows) if comparison_rows else pl.DataFrame()
+
+    # ---- checks and failures
+    checks = results.checks.collect()
+    if checks.height == 0:
+        c.notes.append("No invariance checks recorded (checks/ is empty or missing).")
+    c.check_summary = _check_summary(checks, done)
+    c.failures = runs.filter(pl.col("status") != "done")
+    c.done = done if c.n_done else pl.DataFrame()
+    c.x, c.sizes = x, sizes
+    c.charts = {name: chart for name, (chart, _) in built.items()}
+    c.captions = {name: caption for name, (_, caption) in built.items()}
+    return c
+
+
+_BEST_COLUMNS = (
+    "optimizer", "norm", "rotation_label", "d_model", "n_layers", "params_non_embedding", "lr",
+    "mean", "ci_low", "ci_high", "n", "lrs", "n_lrs", "edge", "tie", "runner_up_lr", "diverged",
+    "flag", "config_id", "tuning_id",
+)  # fmt: skip
+
+
+def _why(note: str | None) -> str:
+    """A skipped fit's reason in a few words."""
+    note = note or ""
+    if "<= 0" in note:
+        return "no excess: " + note.split(":")[0]
+    return note.split(";")[0]
+
+
+def _varies(df: pl.DataFrame, col: str) -> bool:
+    return col in df.columns and df.get_column(col).drop_nulls().n_unique() > 1
+
+
+def _site_title(site: str, basis: str | None) -> str:
+    """E.g. ``Residual stream (stored basis)``, ``MLP input (computation basis)``."""
+    name = SITE_NAMES.get((site, basis or ""), site).split(",")[0]
+    return f"{name[:1].upper()}{name[1:]} ({basis} basis)" if basis else name
+
+
+
+
+def _check_summary(checks: pl.DataFrame, done: pl.DataFrame) -> pl.DataFrame:
+    if checks.height == 0:
+        return checks
+    keys = [c for c in ("norm", "rotation", "optimizer") if c in done.columns]
+    joined = checks.join(done.select("trial_id", *keys), on="trial_id", how="inner")
+    order = {"float64": 0, "float32": 1, "bfloat16": 2}
+    return (
+        joined.group_by("check", "norm", "dtype")
+        .agg(
+            mean_abs=pl.col("value").abs().mean(),
+            max_abs=pl.col("value").abs().max(),
+            n=pl.len(),
+        )
+        .with_columns(_o=pl.col("dtype").replace_strict(order, default=9, return_dtype=pl.Int64))
+        .sort("check", "norm", "_o")
+        .drop("_o")
+    )

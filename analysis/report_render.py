@@ -1,0 +1,328 @@
+"""The report's content -> bytes: one table model (markdown, TeX, HTML), the charts through
+vl-convert, and ``index.html`` from one ``string.Template``.
+
+Nothing here computes a number; ``report_build`` does. The CSV files are the data frames
+themselves (every column), not these tables (the readable subset).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from string import Template
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+
+from analysis.charts import AXIS_TITLES, format_count
+from analysis.load import config_label
+
+if TYPE_CHECKING:
+    from analysis.report_build import ReportContent
+
+__all__ = [
+    "Table",
+    "best_lr_table",
+    "comparisons_table",
+    "fits_latex",
+    "fits_markdown",
+    "fits_table",
+    "index_html",
+    "render_charts",
+]
+
+
+@dataclass(frozen=True)
+class Table:
+    """A readable table: a header and rows of strings, rendered to each format."""
+
+    header: Sequence[str]
+    rows: Sequence[Sequence[str]]
+
+    def drop(self, column: str) -> Table:
+        """The same table without ``column``."""
+        i = list(self.header).index(column)
+        return Table([h for j, h in enumerate(self.header) if j != i], [[c for j, c in enumerate(r) if j != i] for r in self.rows])
+
+    def markdown(self) -> list[str]:
+        def line(cells: Sequence[str]) -> str:
+            return "| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
+
+        return [line(self.header), "|" + "|".join("---" for _ in self.header) + "|", *map(line, self.rows)]
+
+    def latex(self) -> list[str]:
+        head = " & ".join(latex_escape(h) for h in self.header).replace("R$^2$", "$R^2$")
+        return [
+            r"\begin{tabular}{" + "l" * len(self.header) + "}",
+            r"\toprule",
+            head + r" \\",
+            r"\midrule",
+            *(" & ".join(latex_escape(c) for c in row) + r" \\" for row in self.rows),
+            r"\bottomrule",
+            r"\end{tabular}",
+        ]
+
+    def html(self) -> str:
+        head = "".join(f"<th>{html.escape(h)}</th>" for h in self.header)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in self.rows
+        )
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def latex_escape(s: str) -> str:
+    for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"),
+                 ("#", r"\#"), ("$", r"\$"), ("{", r"\{"), ("}", r"\}"), ("·", r"$\cdot$"),
+                 ("−", "$-$"), ("—", "---"), ("²", "$^2$"), ("≤", r"$\le$"), ("×", r"$\times$"), ("~", r"\textasciitilde{}")):  # fmt: skip
+        s = s.replace(a, b) if a != "\\" else s.replace(a, "\x00")
+    return s.replace("\x00", r"\textbackslash{}")
+
+
+def fmt(v: Any, digits: int = 3) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.{digits}g}" if abs(v) >= 1e-3 or v == 0 else f"{v:.2e}"
+    return str(v)
+
+
+# ---------------------------------------------------------------- the report's tables
+
+INTERVALS = (
+    "Exponent intervals come from between-seed variation (seeds are the replicates): a "
+    "t-interval over per-seed fits; with one seed, the fit's own OLS t-interval (labelled)."
+)
+
+
+def _n_label(r: dict[str, Any]) -> str:
+    seeds = f" × {r['n_seeds']} seeds" if r.get("n_seeds") is not None else ""
+    return f"{r['n']} ({r['n_x']} sizes{seeds})"
+
+
+def fits_table(df: pl.DataFrame) -> Table:
+    """The defined fits (undefined ones are listed in one note instead)."""
+    rows = [
+        [
+            r["fit"],
+            r.get("config") or "",
+            f"{r['exponent']:.3f} [{r['exponent_low']:.3f}, {r['exponent_high']:.3f}]",
+            r.get("interval") or "",
+            f"{r['coefficient']:.3g}",
+            f"{r['r2']:.3f}",
+            _n_label(r),
+        ]
+        for r in df.iter_rows(named=True)
+        if r.get("exponent") is not None
+    ]
+    return Table(["Fit", "Config", "Exponent [CI]", "Interval", "Coefficient", "R²", "n (sizes × seeds)"], rows)
+
+
+def comparisons_table(c: pl.DataFrame) -> Table:
+    """exponent(b) − exponent(a) between optimisers at the same norm and rotation."""
+    strata = [s for s in c.columns if s in ("norm", "rotation_label")]
+    rows = [
+        [r["fit"], *[fmt(r[s]) for s in strata], r["a"], r["b"],
+         f"{r['difference']:+.3f} [{r['difference_low']:+.3f}, {r['difference_high']:+.3f}]",
+         f"{r['p_value']:.3g}", f"{r['n_a']}; {r['n_b']}", r.get("method") or ""]  # fmt: skip
+        for r in c.iter_rows(named=True)
+    ]
+    head = ["Fit", *[s.removesuffix("_label") for s in strata], "a", "b", "Difference [CI]", "p", "n (a; b)", "Method"]
+    return Table(head, rows)
+
+
+def best_lr_table(best: pl.DataFrame, x: str) -> Table:
+    rows = [
+        [r.get("optimizer") or "", r.get("norm") or "", r.get("rotation_label") or "",
+         format_count(r.get(x)), f"{r['lr']:g}",
+         " ".join(f"{v:g}" for v in (r.get("lrs") or [])),
+         f"{r['mean']:.4g}" + (f" [{r['ci_low']:.4g}, {r['ci_high']:.4g}]" if r.get("ci_low") is not None else ""),
+         str(r["n"]), r.get("flag") or ""]  # fmt: skip
+        for r in best.iter_rows(named=True)
+    ]
+    return Table(["Optimizer", "Norm", "Rotation", x, "Best lr", "Ladder", "Val loss [CI]", "Seeds", "Flag"], rows)
+
+
+def checks_table(summary: pl.DataFrame) -> Table:
+    rows = [
+        [r["check"], r["norm"], r["dtype"], f"{r['mean_abs']:.3g}", f"{r['max_abs']:.3g}", str(r["n"])]
+        for r in summary.iter_rows(named=True)
+    ]
+    return Table(["Check", "Norm", "dtype", "mean |Δ|", "max |Δ|", "trials"], rows)
+
+
+def failures_table(failures: pl.DataFrame, x: str) -> Table:
+    rows = []
+    for r in failures.iter_rows(named=True):
+        err = (r.get("error") or "").strip().splitlines()
+        config = " · ".join(str(r[c]) for c in ("optimizer", "norm", "rotation") if r.get(c) is not None)
+        seed = "" if r.get("seed") is None else str(r["seed"])
+        rows.append([r["trial_id"], r["status"], config, fmt(r.get(x)), seed, err[0] if err else ""])
+    return Table(["Trial", "Status", "Config", x, "Seed", "Error"], rows)
+
+
+def fits_markdown(fits: pl.DataFrame, comparisons: pl.DataFrame, confidence: float) -> str:
+    lines = [
+        "# Power-law fits",
+        "",
+        f"y − offset = coefficient · x^exponent, least squares in log-log space; "
+        f"{confidence:.0%} CIs. {INTERVALS}",
+        "",
+        *fits_table(fits).markdown(),
+    ]
+    if comparisons.height:
+        lines += ["", "# Exponent differences (b − a)", "", *comparisons_table(comparisons).drop("Method").markdown()]
+    return "\n".join(lines) + "\n"
+
+
+def fits_latex(fits: pl.DataFrame, confidence: float) -> str:
+    lines = [
+        "% Power-law fits: y - offset = coefficient * x^exponent (log-log least squares);",
+        f"% {confidence:.0%} CIs. {INTERVALS} Needs \\usepackage{{booktabs}}.",
+        *fits_table(fits).latex(),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- charts
+
+
+def _vl_version() -> str | None:
+    import altair as alt
+    import vl_convert as vlc
+
+    v = ".".join(alt.SCHEMA_VERSION.lstrip("v").split(".")[:2])
+    return v if v in vlc.get_vegalite_versions() else None
+
+
+def _render(chart: Any, formats: Sequence[str], png_scale: float, vl: str | None) -> dict[str, bytes]:
+    """One chart in svg and each of ``formats``: Vega renders the SVG once; PNG and PDF are
+    converted from it (what vl-convert's own PNG/PDF paths do, without rendering again)."""
+    import vl_convert as vlc
+
+    spec = chart.to_dict(validate=False)  # the builders are validated by the tests; this is 1-2 s on 10M rows
+    svg = str(vlc.vegalite_to_svg(spec, vl_version=vl))
+    out = {"svg": svg.encode()}
+    for fmt in formats:
+        if fmt == "png":
+            out[fmt] = bytes(vlc.svg_to_png(svg, scale=png_scale))
+        elif fmt == "pdf":
+            out[fmt] = bytes(vlc.svg_to_pdf(svg))
+        elif fmt == "html":
+            out[fmt] = str(chart.to_html(inline=True)).encode()
+        elif fmt == "json":
+            out[fmt] = json.dumps(spec, indent=1).encode()
+        elif fmt != "svg":
+            raise ValueError(f"unknown format {fmt}")
+    return out
+
+
+def render_charts(charts: dict[str, Any], formats: Sequence[str], png_scale: float) -> dict[str, dict[str, bytes]]:
+    """``{name: {format: bytes}}`` for every chart in ``formats`` plus svg (inlined in the
+    index). One chart after another: vl-convert renders on one worker, so a thread pool over
+    charts measured no faster (notes/h11-house.md)."""
+    vl = _vl_version()
+    return {name: _render(chart, formats, png_scale, vl) for name, chart in charts.items()}
+
+
+# ---------------------------------------------------------------- index.html
+
+CSS = """
+body{font-family:Helvetica,Arial,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+h1{font-weight:normal}h2{font-weight:normal;border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
+figure{margin:1.5em 0}figcaption{font-size:.9em;color:#444;max-width:700px}
+figcaption a{margin-right:.5em}table{border-collapse:collapse;font-size:.85em;margin:1em 0}
+td,th{border-bottom:1px solid #e3e3e3;padding:.25em .6em;text-align:left;vertical-align:top}
+th{background:#f6f6f6}.notes li{margin:.2em 0}.muted{color:#666}code{font-size:.95em}
+"""
+
+PAGE = Template("""\
+<!doctype html><html><head><meta charset='utf-8'>
+<title>$name: sweep report</title><style>$css</style></head><body>
+<h1>Sweep report: $name</h1>
+<p class='muted'>$path · generated $generated</p>
+<h2>Summary</h2><ul>
+$summary
+</ul>
+$body
+</body></html>""")
+
+
+def index_html(content: ReportContent, svgs: dict[str, str], formats: Sequence[str], confidence: float) -> str:
+    """The one-page report: summary, notes, figures (SVG inlined), tables, checks, failures."""
+    e = html.escape
+    c, x = content, content.x
+    summary = [f"<li>{c.n_runs} trials: {c.n_done} done, {c.n_failed} failed, {c.n_diverged} diverged.</li>"]
+    done = c.done
+    if done.height:
+        labelled = done.with_columns(config_label(["rotation"]).alias("rotation")) if "rotation_label" in done.columns else done
+        for col, name in (("optimizer", "optimizers"), ("norm", "norms"), ("rotation", "rotations")):
+            if col in labelled.columns:
+                vals = ", ".join(str(v) for v in labelled.get_column(col).unique().sort().to_list())
+                summary.append(f"<li>{name}: {e(vals)}</li>")
+        summary.append(
+            f"<li>model sizes, {e(AXIS_TITLES.get(x, x).lower())}: "
+            f"{e(', '.join(format_count(s) for s in c.sizes))}</li>"
+        )
+        if "seed" in done.columns:
+            summary.append(f"<li>seeds: {done.get_column('seed').n_unique()}</li>")
+
+    body: list[str] = []
+    if c.notes:
+        body += ["<h2>Notes</h2><ul class='notes'>", *(f"<li>{e(n)}</li>" for n in c.notes), "</ul>"]
+    if c.charts:
+        body.append("<h2>Figures</h2>")
+    for name, caption in c.captions.items():
+        links = " ".join(f"<a href='{e(name)}.{f}'>{f}</a>" for f in formats)
+        body.append(
+            f"<figure id='{e(name)}'>{svgs[name]}<figcaption><b>{e(name)}</b>: {e(caption)} "
+            f"<span class='muted'>{links}</span></figcaption></figure>"
+        )
+    body.append("<h2>Power-law fits</h2>")
+    if c.fits.height:
+        body.append(
+            f"<p>y − offset = coefficient · x<sup>exponent</sup> with x = {e(x)}, least squares "
+            f"in log-log space over trials; {confidence:.0%} CIs. {INTERVALS} "
+            "Undefined fits are not listed (see the notes). Also in <a href='fits.csv'>fits.csv</a>, <a href='fits.md'>fits.md</a>, "
+            "<a href='fits.tex'>fits.tex</a>.</p>"
+        )
+        body.append(fits_table(c.fits).html())
+    else:
+        body.append("<p>No fits: see the notes above.</p>")
+    if c.comparisons.height:
+        body.append(
+            "<h2>Exponent differences</h2><p>exponent(b) − exponent(a) between optimisers "
+            "at the same norm and rotation; Welch t over per-seed exponents (or independent "
+            "bootstraps with one seed), two-sided p-value.</p>"
+        )
+        body.append(comparisons_table(c.comparisons).html())
+    if c.best_lr.height:
+        body.append(
+            "<h2>Best learning rates</h2><p>Per optimiser, size, norm and rotation (the config "
+            "without its lr), the lr with the lowest seed-mean final val loss; flags: an optimum "
+            "at the edge of the ladder (extend it), a tie with the runner-up, a single lr "
+            "(untuned). Also in <a href='best_lr.csv'>best_lr.csv</a>.</p>"
+        )
+        body.append(best_lr_table(c.best_lr, x).html())
+    body.append("<h2>Invariance checks</h2>")
+    if c.check_summary.height:
+        body.append(
+            "<p>Loss change after rotating the residual basis by a random orthogonal matrix "
+            "(|Δ loss|, nats).</p>"
+        )
+        body.append(checks_table(c.check_summary).html())
+    else:
+        body.append("<p>No invariance checks recorded.</p>")
+    if c.failures.height:
+        body += [f"<h2>Excluded trials ({c.failures.height})</h2>", failures_table(c.failures, x).html()]
+    return PAGE.substitute(
+        name=e(c.name),
+        path=e(c.path),
+        generated=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        css=CSS,
+        summary="\n".join(summary),
+        body="\n".join(body),
+    )

@@ -1,0 +1,218 @@
+"""Views built on the queries: the best lr per tuning group, the matched-loss view, the
+quantisation penalty, the onset of outliers, and line labels."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from analysis._stats import t_critical
+from analysis.load import LABEL_COLUMNS, Results
+from analysis.query_base import (
+    SORT, Source, group_keys, inputs, join_runs, pick_metric, prepare_runs, runs_of, summarise,
+)  # fmt: skip
+from analysis.queries import scale_table
+
+__all__ = ["best_lr", "best_lr_results", "line_labels", "onset", "quant_penalty", "versus"]
+
+
+def best_lr(
+    results: Source, column: str = "final_val_loss", *, confidence: float = 0.95
+) -> pl.DataFrame:
+    """The best learning rate per ``tuning_id`` (optimiser, size, norm, rotation and every
+    other hyper-parameter: the config without its seed and lr, see ``analysis.identity``):
+    the lr whose done seeds have the lowest mean ``column``. One row per tuning_id with the
+    chosen ``config_id``, ``lr``, its seed ``mean``/``ci_low``/``ci_high``/``n``, the ladder
+    (``lrs``, ``n_lrs``: every lr tried, diverged ones included) and flags:
+
+    - ``edge``: ``"low"`` / ``"high"`` when the best lr is the smallest / largest tried (the
+      ladder is too short there); ``untuned``: a ladder of one lr.
+    - ``tie``: the runner-up lr (``runner_up_lr``) is not distinguishable: its seed mean is
+      within t * sqrt(sem_best² + sem_runner_up²) of the best's (t at ``confidence`` with the
+      smaller seed count - 1 dof), or equal when there is one seed.
+    - An lr at which any seed diverged is not chosen while another lr had none diverge
+      (``diverged`` counts the chosen lr's diverged seeds; then the flag says so).
+    ``flag`` summarises them in words ("" when the choice is clean)."""
+    runs = prepare_runs(runs_of(results))
+    runs = runs.filter(pl.col("status").is_in(["done", "diverged"]))
+    ladders = runs.group_by("tuning_id").agg(lrs=pl.col("lr").unique().sort())
+    div = runs.group_by("config_id").agg(diverged=(pl.col("status") == "diverged").sum().cast(pl.Int64))
+    done = runs.filter(pl.col("status") == "done")
+    keys, carry = group_keys(done, None)
+    table = summarise(done, keys, column, confidence=confidence, carry=carry)
+    table = table.join(div, on="config_id", how="left").with_columns(pl.col("diverged").fill_null(0))
+    table = table.collect()
+    ladders = ladders.collect()
+    if table.height == 0:
+        return table.with_columns(
+            lrs=pl.lit(None, pl.List(pl.Float64)), n_lrs=pl.lit(None, pl.Int64),
+            edge=pl.lit(None, pl.String), untuned=pl.lit(None, pl.Boolean),
+            tie=pl.lit(None, pl.Boolean), runner_up_lr=pl.lit(None, pl.Float64),
+            flag=pl.lit(None, pl.String),
+        )  # fmt: skip
+    clean = pl.col("diverged") == 0
+    eligible = table.filter(clean | ~clean.any().over("tuning_id")).sort("tuning_id", "mean", "lr")
+    ranked = eligible.with_columns(rank=pl.int_range(pl.len()).over("tuning_id"))
+    best = ranked.filter(pl.col("rank") == 0).drop("rank")
+    second = ranked.filter(pl.col("rank") == 1).select(
+        "tuning_id", runner_up_lr="lr", _m2="mean", _s2="sem", _n2="n"
+    )
+    best = best.join(ladders, on="tuning_id", how="left").join(second, on="tuning_id", how="left")
+    rows = []
+    for r in best.iter_rows(named=True):
+        ladder = sorted(r["lrs"] or [r["lr"]])
+        untuned = len(ladder) == 1
+        edge = None if untuned else "low" if r["lr"] == ladder[0] else "high" if r["lr"] == ladder[-1] else None
+        tie = False
+        if r["runner_up_lr"] is not None:
+            diff = r["_m2"] - r["mean"]
+            s1, s2 = r["sem"], r["_s2"]
+            if s1 is None or s2 is None or not (s1 == s1 and s2 == s2):
+                tie = diff == 0
+            else:
+                t = t_critical(float(min(r["n"], r["_n2"]) - 1), confidence)
+                tie = diff <= t * (s1**2 + s2**2) ** 0.5
+        words = []
+        if untuned:
+            words.append("untuned (one lr)")
+        if edge:
+            words.append(f"edge: {'smallest' if edge == 'low' else 'largest'} lr tried")
+        if tie:
+            words.append(f"tie with lr={r['runner_up_lr']:g}")
+        if r["diverged"]:
+            words.append(f"{r['diverged']} seed(s) diverged at every lr; mean over the rest")
+        rows.append({"tuning_id": r["tuning_id"], "n_lrs": len(ladder), "edge": edge,
+                     "untuned": untuned, "tie": tie, "flag": "; ".join(words)})  # fmt: skip
+    flags = pl.DataFrame(rows, schema={"tuning_id": pl.String, "n_lrs": pl.Int64, "edge": pl.String,
+                                       "untuned": pl.Boolean, "tie": pl.Boolean, "flag": pl.String})  # fmt: skip
+    out = best.drop("_m2", "_s2", "_n2").join(flags, on="tuning_id", how="left")
+    order = [c for c in SORT if c in out.columns]
+    return out.sort([*order, "tuning_id"], nulls_last=True)
+
+
+def best_lr_results(results: Results, best: pl.DataFrame | None = None) -> Results:
+    """``results`` whose runs hold only the best-lr configs (``best_lr``), every status:
+    every query over it then shows the best-lr points. Tables are filtered lazily by join."""
+    import dataclasses
+
+    best = best_lr(results) if best is None else best
+    ids = best.select("config_id").lazy()
+    runs = prepare_runs(results.runs).join(ids, on="config_id", how="semi")
+    return dataclasses.replace(results, runs=runs)
+
+
+def versus(
+    x_table: pl.LazyFrame | pl.DataFrame, y_table: pl.LazyFrame | pl.DataFrame
+) -> pl.LazyFrame:
+    """Two per-config seed aggregates side by side (e.g. kurtosis against val loss, the
+    matched-loss view): ``y_table``'s columns as they are, ``x_table``'s ``mean``,
+    ``ci_low``, ``ci_high``, ``n`` as ``x``, ``x_low``, ``x_high``, ``x_n``; joined on
+    ``config_id`` (inner)."""
+    x = x_table.lazy().select(
+        "config_id", x="mean", x_low="ci_low", x_high="ci_high", x_n="n"
+    )
+    out = y_table.lazy().join(x, on="config_id", how="inner")
+    order = [c for c in SORT if c in out.collect_schema().names()]
+    return out.sort([*order, "config_id"], nulls_last=True)
+
+
+def quant_penalty(
+    results: Source,
+    basis: str = "w8a8",
+    *,
+    metric: str = "kurtosis",
+    site: str = "resid",
+    metric_basis: str = "stored",
+    layer_agg: LayerAgg = "mean",
+    confidence: float = 0.95,
+    runs: pl.LazyFrame | None = None,
+) -> pl.LazyFrame:
+    """The quantisation penalty (metric ``quant_loss_delta`` at site ``model``, layer -1,
+    basis ``basis``: quantised minus float val loss at the final step) against an outlier
+    measure (``metric`` at ``site``/``metric_basis``, ``layer_agg`` over blocks), both
+    aggregated over seeds per config: ``versus`` columns (x = the outlier measure)."""
+    penalty = scale_table(
+        results, "quant_loss_delta", "model", basis, layers=[-1], confidence=confidence, runs=runs
+    )
+    measure = scale_table(
+        results, metric, site, metric_basis, layer_agg, confidence=confidence, runs=runs
+    )
+    return versus(measure, penalty).with_columns(quant=pl.lit(basis))
+
+
+def onset(
+    results: Source,
+    metric: str = "kurtosis",
+    threshold: float = 3.5,
+    site: str = "resid",
+    basis: str = "stored",
+    layer_agg: LayerAgg = "mean",
+    *,
+    layers: Layers = "blocks",
+    confidence: float = 0.95,
+    runs: pl.LazyFrame | None = None,
+) -> pl.LazyFrame:
+    """When each config's ``metric`` (``layer_agg`` over ``layers``) first exceeds
+    ``threshold``: per trial the first eval step with value > threshold, then over seeds per
+    config the mean onset ``tokens`` (``mean``/``ci_low``/``ci_high``/``n``: seeds that
+    crossed), ``step_mean``, and ``n_never``: seeds that never crossed by their last eval
+    (the interval covers only the seeds that crossed; with n_never > 0 the onset is later)."""
+    metrics, runs = inputs(results, "metrics", runs)
+    m = pick_metric(metrics, metric, site, basis, layers)
+    agg = getattr(pl.col("value"), layer_agg)()
+    per = m.group_by("trial_id", "step").agg(value=agg, tokens=pl.col("tokens").first())
+    first = per.group_by("trial_id").agg(
+        crossed=(pl.col("value") > threshold).any(),
+        onset_step=pl.col("step").filter(pl.col("value") > threshold).min(),
+        tokens=pl.col("tokens").sort_by("step").filter(pl.col("value").sort_by("step") > threshold).first(),
+    )
+    first = join_runs(first, runs).with_columns(tokens=pl.col("tokens").cast(pl.Float64))
+    keys, carry = group_keys(first, None)
+    crossed = summarise(
+        first, keys, "tokens", confidence=confidence, extra=[pl.col("onset_step").mean().alias("step_mean")]
+    )
+    seeds = first.group_by(keys).agg(
+        *[pl.col(c).first() for c in carry],
+        n_seeds=pl.len().cast(pl.Int64),
+        n_never=(~pl.col("crossed")).sum().cast(pl.Int64),
+    )
+    out = seeds.join(crossed, on=keys, how="left").with_columns(
+        pl.col("n").fill_null(0), threshold=pl.lit(threshold)
+    )
+    return out.sort([*[c for c in SORT if c in carry], *keys], nulls_last=True)
+
+
+_LINE_LABELS = ("optimizer", "optimizer_family", "norm", "rotation_label")
+
+
+_HYPER = ("momentum", "nesterov", "weight_decay", "eps", "beta1", "beta2", "rotate")
+
+
+def line_labels(frame: pl.DataFrame | pl.LazyFrame, key: str = "tuned_line_id") -> pl.DataFrame:
+    """A readable ``config`` label per ``key`` (a line across sizes): ``optimizer · norm ·
+    rotation``, then every other hyper-parameter that differs between lines of one optimiser
+    (``momentum=0.5``), then the lr (``lr=0.003``, or ``lr tuned per size`` when the best lr
+    differs between sizes); also the optimizer, family, norm and rotation_label columns."""
+    df = frame.lazy().collect() if isinstance(frame, pl.LazyFrame) else frame
+    present = [c for c in (*LABEL_COLUMNS,) if c in df.columns and c != "lr"]
+    lines = df.group_by(key).agg(
+        *[pl.col(c).first() for c in present],
+        lrs=pl.col("lr").unique().sort() if "lr" in df.columns else pl.lit([]),
+    )
+    varying = [
+        c for c in _HYPER
+        if c in lines.columns and "optimizer" in lines.columns
+        and int(lines.group_by("optimizer").agg(pl.col(c).n_unique()).get_column(c).max() or 0) > 1
+    ]  # fmt: skip
+    out = []
+    for r in lines.iter_rows(named=True):
+        parts = [str(r.get(c)) for c in ("optimizer", "norm", "rotation_label") if r.get(c) is not None]
+        parts += [f"{c}={r[c]:g}" if isinstance(r[c], float) else f"{c}={r[c]}" for c in varying if r[c] is not None]
+        lrs = r.get("lrs") or []
+        if len(lrs) == 1:
+            parts.append(f"lr={lrs[0]:g}")
+        elif lrs:
+            parts.append("lr tuned per size")
+        out.append({key: r[key], "config": " · ".join(parts),
+                    **{c: r.get(c) for c in _LINE_LABELS if c in present}})  # fmt: skip
+    schema = {key: pl.String, "config": pl.String, **{c: df.schema[c] for c in _LINE_LABELS if c in present}}
+    return pl.DataFrame(out, schema=schema)
