@@ -177,6 +177,59 @@ def find_checkpoint(directory: Path | None) -> Path | None:
     return path if path.exists() else None
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """What one eval measured: the rows for the sink and the numbers the loop carries on."""
+
+    val_loss: float
+    train_loss: float
+    """The last step's training loss; nan at the initial eval (no step before it)."""
+    finite: bool
+    """The val loss and every training loss since the previous eval are finite."""
+    curves: list[dict]
+    metrics: list[dict]
+    progress: dict
+
+
+def evaluate(cfg: TrialConfig, model: Transformer, probe: ActivationProbe, batch: tuple[torch.Tensor, torch.Tensor],
+             history: tuple[torch.Tensor, torch.Tensor], *, since: int, at: int, seconds: float,
+             autocast: torch.autocast) -> Evaluation:
+    """Probe the model at step `at` and log the steps (since, at] whose losses and grad norms
+    `history` holds (per step, on the device), over `seconds` of training: one host readback."""
+    (x_eval, y_eval), (losses, grad_norms) = batch, history
+    total, tps, k = cfg.total_steps, cfg.tokens_per_step, cfg.train.quant_every
+    new = range(since + 1, at + 1)
+    quant = at == total or (k > 0 and at % (k * cfg.train.eval_every) == 0)
+    with autocast:  # quantised losses first, so they ride in the probe's one readback
+        q = (quantised_losses(model, x_eval, y_eval),) if quant else ()
+        result = probe.run(x_eval, y_eval, extra=(losses[new.start : new.stop], grad_norms[new.start : new.stop], *q))
+    train_hist, gn_hist, *q_hist = result.extra
+    val_loss = result.val_loss
+    tokens_per_s = len(new) * tps / seconds if len(new) and seconds > 0 else 0.0
+    curves = [
+        {"step": s, "tokens": s * tps, "train_loss": l, "val_loss": None, "lr": lr_at(cfg, s - 1),
+         "grad_norm": g, "tokens_per_s": tokens_per_s}
+        for s, l, g in zip(new, train_hist, gn_hist)
+    ]
+    if curves:
+        curves[-1]["val_loss"] = val_loss
+    else:  # the initial eval: a curve point with only the val loss
+        curves = [{"step": at, "tokens": at * tps, "train_loss": None, "val_loss": val_loss,
+                   "lr": lr_at(cfg, at), "grad_norm": None, "tokens_per_s": None}]
+    model_rows = result.rows + (quant_rows(q_hist[0], val_loss) if q_hist else [])
+    train_loss = train_hist[-1] if train_hist else float("nan")
+    resid = [r["value"] for r in result.rows
+             if r["site"] == "resid" and r["basis"] == "stored" and r["metric"] == "kurtosis"]
+    return Evaluation(
+        val_loss=val_loss, train_loss=train_loss,
+        finite=all(math.isfinite(v) for v in train_hist + [val_loss]),
+        curves=curves,
+        metrics=[{"step": at, "tokens": at * tps, **r} for r in model_rows],
+        progress={"step": at, "total_steps": total, "train_loss": train_loss, "val_loss": val_loss,
+                  "resid_kurtosis_mean": sum(resid) / max(1, len(resid)), "tokens_per_s": tokens_per_s},
+    )
+
+
 # ---- the loop --------------------------------------------------------------------------------
 
 
@@ -229,57 +282,44 @@ def train(
         sink.begin(None)
 
     start_step, total, tps = step, cfg.total_steps, cfg.tokens_per_step
-    status, train_loss, val_loss, tokens_per_s = "done", float("nan"), float("nan"), 0.0
+    status, train_loss, val_loss = "done", float("nan"), float("nan")
     losses = torch.zeros(total + 1, device=device)  # per-step, read back once per eval
     grad_norms = torch.zeros(total + 1, device=device)
-    last_logged, train_time, interval_start = step, 0.0, time.perf_counter()
+    last_eval, train_time, interval_start = step, 0.0, time.perf_counter()
 
-    def evaluate(at: int) -> bool:
-        """Probe + curves since the last eval, in one host readback. False when diverged."""
-        nonlocal last_logged, val_loss, train_loss, initial_loss, tokens_per_s, train_time, interval_start
-        interval = time.perf_counter() - interval_start
-        new = range(last_logged + 1, at + 1)
-        k = cfg.train.quant_every
-        quant = at == total or (k > 0 and at % (k * cfg.train.eval_every) == 0)
-        with autocast:  # quantised losses first, so they ride in the probe's one readback
-            q = (quantised_losses(model, x_eval, y_eval),) if quant else ()
-            result = probe.run(x_eval, y_eval, extra=(losses[new.start : new.stop], grad_norms[new.start : new.stop], *q))
-        val_loss = result.val_loss
-        if initial_loss is None:
-            initial_loss = val_loss
-        train_hist, gn_hist, *q_hist = result.extra
-        tokens_per_s = len(new) * tps / interval if len(new) and interval > 0 else tokens_per_s
-        train_time += interval
-        rows = [
-            {"step": s, "tokens": s * tps, "train_loss": l, "val_loss": None, "lr": lr_at(cfg, s - 1),
-             "grad_norm": g, "tokens_per_s": tokens_per_s}
-            for s, l, g in zip(new, train_hist, gn_hist)
-        ]
-        if rows:
-            rows[-1]["val_loss"] = val_loss
-            train_loss = rows[-1]["train_loss"]
-        else:  # the initial eval: a curve point with only the val loss
-            rows = [{"step": at, "tokens": at * tps, "train_loss": None, "val_loss": val_loss,
-                     "lr": lr_at(cfg, at), "grad_norm": None, "tokens_per_s": None}]
-        sink.curves(rows)
-        model_rows = result.rows + (quant_rows(q_hist[0], val_loss) if q_hist else [])
-        sink.metrics([{"step": at, "tokens": at * tps, **r} for r in model_rows])
-        last_logged = at
-        resid = [r["value"] for r in result.rows
-                 if r["site"] == "resid" and r["basis"] == "stored" and r["metric"] == "kurtosis"]
-        sink.progress({"step": at, "total_steps": total, "train_loss": train_loss, "val_loss": val_loss,
-                       "resid_kurtosis_mean": sum(resid) / max(1, len(resid)), "tokens_per_s": tokens_per_s})
-        finite = all(math.isfinite(v) for v in train_hist + [val_loss])
-        exploded = val_loss > cfg.train.diverge_factor * initial_loss
-        interval_start = time.perf_counter()
-        return finite and not exploded
-
-    if step == 0:
-        evaluate(0)
-
-    # -- the train loop: no host sync inside a step
+    # -- the loop: eval and checkpoint where due, then one step (no host sync inside a step)
     model.train()
-    while step < total:
+    while True:
+        scheduled = step % cfg.train.eval_every == 0 or step == total
+        checkpoint_due = (checkpoint_dir is not None and cfg.train.checkpoint_every > 0
+                          and step % cfg.train.checkpoint_every == 0 and start_step < step < total)
+        # step 0 is the initial eval; a checkpoint needs the rows up to its step first
+        if step == 0 or (step > last_eval and (scheduled or checkpoint_due)):
+            interval = time.perf_counter() - interval_start
+            train_time += interval
+            ev = evaluate(cfg, model, probe, (x_eval, y_eval), (losses, grad_norms), since=last_eval, at=step,
+                          seconds=interval, autocast=autocast)
+            sink.curves(ev.curves)
+            sink.metrics(ev.metrics)
+            sink.progress(ev.progress)
+            last_eval, train_loss, val_loss = step, ev.train_loss, ev.val_loss
+            initial_loss = val_loss if initial_loss is None else initial_loss
+            # divergence ends the run only at scheduled evals after a step, as it always has
+            if step > start_step and scheduled and (not ev.finite or val_loss > cfg.train.diverge_factor * initial_loss):
+                status = "diverged"
+                break
+            interval_start = time.perf_counter()
+        if checkpoint_due:
+            sink.flush(step)
+            save_checkpoint(Path(checkpoint_dir), {
+                "trial_id": cfg.trial_id, "step": step, "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(), "data_rng": data_gen.get_state(),
+                "wall_s": wall_before + time.perf_counter() - t_start, "initial_loss": initial_loss,
+            })
+            sink.checkpoint(step, Path(checkpoint_dir))
+        if step == total:
+            break
+
         for group in optimizer.param_groups:
             group["lr"] = lr_at(cfg, step)
         x, y = sample_batch(corpus.train, cfg.train.batch_size, cfg.data.seq_len, data_gen, device)
@@ -295,22 +335,6 @@ def train(
         step += 1
         losses[step] = loss.detach()
         grad_norms[step] = norm.detach()
-
-        # -- eval, checkpoint
-        if step % cfg.train.eval_every == 0 or step == total:
-            if not evaluate(step):
-                status = "diverged"
-                break
-        if checkpoint_dir is not None and cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0 and step < total:
-            if last_logged != step:
-                evaluate(step)  # rows must reach the checkpoint's step before it is written
-            sink.flush(step)
-            save_checkpoint(Path(checkpoint_dir), {
-                "trial_id": cfg.trial_id, "step": step, "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(), "data_rng": data_gen.get_state(),
-                "wall_s": wall_before + time.perf_counter() - t_start, "initial_loss": initial_loss,
-            })
-            sink.checkpoint(step, Path(checkpoint_dir))
 
     # -- the end: invariance check, runs row
     if status == "done" and cfg.train.invariance_check:

@@ -239,7 +239,7 @@ def train_one(
     """Run one trial in-process, without Ray (debugging, benchmarks); writes the store."""
     from sweep.grid import select
     from sweep.spec import SpecError
-    from sweep.store import ResultsStore
+    from sweep.store import StoreSink
     from sweep.trainable import train_trial
 
     spec, trials = load(spec_path)
@@ -252,7 +252,6 @@ def train_one(
     out.print(f"trial {cfg.trial_id}: d_model {m.d_model}, {m.n_layers} layers, {cfg.norm}, "
               f"{cfg.rotation.label}, {cfg.optimizer.name} lr {cfg.optimizer.lr:g}, seed {cfg.seed}; "
               f"{human(cfg.params)} params, {cfg.total_steps} steps → {store.uri}")
-    sink = store.sink(cfg.trial_id)
     t0 = time.perf_counter()
 
     def show(info: dict) -> None:
@@ -261,8 +260,7 @@ def train_one(
                   f"{human(info['tokens_per_s'] or 0, ' tok/s')}  {duration(time.perf_counter() - t0)}",
                   highlight=False)
 
-    sink.progress = show  # type: ignore[method-assign]
-    summary = train_trial(cfg, store, sink)
+    summary = train_trial(cfg, store, StoreSink(store, cfg.trial_id, on_progress=show))
     out.print(f"{summary.status}: val loss {summary.final_val_loss:.4f} after {summary.steps} steps "
               f"in {duration(summary.wall_s)}. Results: [bold]{store.uri}[/]")
     if summary.status != "done":

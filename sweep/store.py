@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -136,6 +137,8 @@ class StoreSink:
 
     store: ResultsStore
     trial_id: str
+    on_progress: Callable[[dict], None] | None = None
+    """Called with study.train's live progress after each eval (e.g. `sweep train` prints it)."""
     _metrics: list[dict] = field(default_factory=list)
     _curves: list[dict] = field(default_factory=list)
     _checks: list[dict] = field(default_factory=list)
@@ -164,7 +167,8 @@ class StoreSink:
         pass
 
     def progress(self, info: dict) -> None:
-        pass
+        if self.on_progress is not None:
+            self.on_progress(info)
 
     def run(self, row: dict) -> None:
         self.store.write_run(row)

@@ -73,9 +73,10 @@ class CrashAt(MemorySink):
             raise StopTraining(step)
 
 
-def test_checkpoint_resume_gives_the_same_curve(tmp_path):
+@pytest.mark.parametrize("eval_every", [4, 3], ids=["evals-at-checkpoints", "checkpoints-between-evals"])
+def test_checkpoint_resume_gives_the_same_curve(tmp_path, eval_every):
     cfg = tiny(steps=12, optimizer={"name": "rotated_adam", "lr": 3e-3}, rotation="shared",
-               train={"steps": 12, "batch_size": 4, "eval_every": 4, "eval_batch": {"sequences": 2},
+               train={"steps": 12, "batch_size": 4, "eval_every": eval_every, "eval_batch": {"sequences": 2},
                       "checkpoint_every": 4, "invariance_check": False})
     straight = MemorySink()
     train(cfg, straight, checkpoint_dir=tmp_path / "a")
@@ -87,6 +88,7 @@ def test_checkpoint_resume_gives_the_same_curve(tmp_path):
     sink.crash_step = None
     train(cfg, sink, checkpoint_dir=tmp_path / "b")
 
+    assert [r["step"] for r in sink.curve_rows] == list(range(13))
     assert [r["train_loss"] for r in sink.curve_rows] == [r["train_loss"] for r in straight.curve_rows]
     assert [r["value"] for r in sink.metric_rows] == [r["value"] for r in straight.metric_rows]
     assert sink.run_row["final_val_loss"] == straight.run_row["final_val_loss"]
@@ -118,11 +120,16 @@ def test_lr_schedule_warmup_then_cosine_to_floor():
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
 
 
-def test_training_leaves_torch_threads_as_configured():
-    before = torch.get_num_threads()
-    train(tiny(steps=2, runtime={"num_threads": 1}))
-    assert torch.get_num_threads() == 1
-    torch.set_num_threads(before)
+def test_training_applies_the_configured_torch_threads():
+    before = torch.get_num_threads()  # conftest's 1: ask for another count, so the test can fail
+    want = before + 1
+    sink = MemorySink()
+    try:
+        train(tiny(steps=2, runtime={"num_threads": want, "device": "cpu"}), sink)
+        assert torch.get_num_threads() == want
+        assert sink.run_row["device"].endswith(f", {want} threads)")  # in effect while it ran
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_one_host_readback_per_eval_and_none_in_steps(readbacks):
