@@ -295,6 +295,8 @@ def train(
                           and step % cfg.train.checkpoint_every == 0 and start_step < step < total)
         # step 0 is the initial eval; a checkpoint needs the rows up to its step first
         if step == 0 or (step > last_eval and (scheduled or checkpoint_due)):
+            if on_cuda:  # the queued steps belong to this interval: without it tokens/s reads high
+                torch.cuda.synchronize(device)
             interval = time.perf_counter() - interval_start
             train_time += interval
             ev = evaluate(cfg, model, probe, (x_eval, y_eval), (losses, grad_norms), since=last_eval, at=step,
