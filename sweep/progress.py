@@ -44,8 +44,6 @@ class ProgressCallback(Callback):
         if "step" in result:
             self.at_step[tid] = result["step"]
         self.last[tid] = result
-        if result.get("status") == "diverged":
-            self.progress.console.print(f"[yellow]diverged[/] {tid} at step {result['step']}")
         self._refresh()
 
     def _finish(self, trial) -> str:
@@ -57,9 +55,14 @@ class ProgressCallback(Callback):
     def on_trial_complete(self, iteration, trials, trial, **info):
         tid = self._finish(trial)
         self.done += 1
-        loss = self.last.get(tid, {}).get("val_loss")
-        self.progress.console.print(f"done {tid} ({self.labels[tid]})" + (f": val loss {loss:.3f}" if loss else ""),
-                                    highlight=False)
+        last = self.last.get(tid, {})
+        loss, status = last.get("val_loss"), last.get("status", "done")
+        if status == "diverged":  # its own line came with the result; a trial that ends diverged is not "done"
+            self.progress.console.print(f"[yellow]diverged[/] {tid} ({self.labels[tid]}): it stopped at step "
+                                        f"{last.get('step')}", highlight=False)
+        else:
+            self.progress.console.print(f"done {tid} ({self.labels[tid]})" + (f": val loss {loss:.3f}" if loss else ""),
+                                        highlight=False)
         self._refresh()
 
     def on_trial_error(self, iteration, trials, trial, **info):
