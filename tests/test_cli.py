@@ -92,7 +92,7 @@ def test_sweep_train_runs_each_optimiser(tmp_path):
 
 
 @pytest.mark.parametrize("bad, where", [
-    ("precondition_frequency: 2}", "grid.optimizer[1].precondition_frequency: Input should be greater than 0 (line 8)"),
+    ("precondition_frequency: 2}", "grid.optimizer[1].precondition_frequency: Input should be greater than 0, got 0 (line 8)"),
     ("name: muon, lr: 3.0e-3}", "grid.optimizer[2].muon_exclude: ['*'] leaves Muon only embedding matrices"),
 ])
 def test_bad_optimiser_options_exit_2_located(tmp_path, bad, where):
