@@ -227,26 +227,28 @@ class ResultsStore:
         gaps = []
         try:
             metrics = self.read("metrics").group_by("trial_id", "step").len()
-            curves = self.read("curves").group_by("trial_id").agg(pl.col("step").n_unique().alias("n"),
-                                                                  pl.col("step").max().alias("last"))
         except DamagedFile as exc:
             return [str(exc)]
+        curve_steps = self.read("curves").select("trial_id", "step").unique()
         for row in runs.filter(pl.col("status") == "done").iter_rows(named=True):
             t, steps = row["trial_id"], row["steps"] or 0
             m = metrics.filter(pl.col("trial_id") == t).sort("step")
-            c = curves.filter(pl.col("trial_id") == t)
             if m.height == 0:
                 gaps.append(f"{t}: no metrics rows")
-            elif m["len"].n_unique() > 1:
-                short = m.filter(pl.col("len") < m["len"].max())["step"].to_list()
-                gaps.append(f"{t}: metrics rows short at steps {short[:8]} (expected {m['len'].max()} per eval)")
-            elif m["step"].max() < steps and m.height > 1:
-                every = int(m["step"][1] - m["step"][0])
-                if m["step"].max() + every <= steps:
-                    gaps.append(f"{t}: metrics stop at step {m['step'].max()} of {steps}")
-            if c.height == 0 or c["n"][0] != steps or c["last"][0] != steps:
-                have = 0 if c.height == 0 else c["n"][0]
-                gaps.append(f"{t}: curves cover {have} of {steps} steps")
+            else:
+                # Every eval has the rows of the first (the final one may add end-of-run metrics).
+                short = m.filter(pl.col("len") < m["len"][0])["step"].to_list()
+                if short:
+                    gaps.append(f"{t}: metrics rows short at steps {short[:8]} (expected {m['len'][0]} per eval)")
+                found = m["step"].to_list()
+                every = min((b - a for a, b in zip(found, found[1:])), default=steps or 1)
+                missing = sorted(set(range(found[0], steps + 1, every)) - set(found))
+                if missing or found[-1] != steps:
+                    gaps.append(f"{t}: no metrics rows at eval steps {(missing or [steps])[:8]}")
+            have = set(curve_steps.filter(pl.col("trial_id") == t)["step"].to_list())
+            lost = sorted(set(range(1, steps + 1)) - have)
+            if lost:
+                gaps.append(f"{t}: curves miss {len(lost)} of {steps} steps (first {lost[0]})")
         return gaps
 
 
