@@ -180,8 +180,6 @@ def run(
                                 on_start=on_start)
     except (SpecError, storage.StorageError) as exc:
         raise bad_input(str(exc)) from None
-    for note in outcome.notes:
-        err.print(f"[yellow]warning:[/] {note}", highlight=False, soft_wrap=True)
     out.print(f"{outcome.launched} trials run, {outcome.skipped} skipped, in {duration(outcome.wall_s)}. "
               f"Results: [bold]{folder}[/]")
     if outcome.launched:

@@ -113,3 +113,24 @@ def test_a_results_path_that_is_a_file_or_not_writable_is_refused_before_ray(tmp
     assert result.exit_code == 2, result.output
     assert ("is a file" if kind == "file" else "is not writable") in result.output
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) <= 2
+
+
+@pytest.mark.slow
+def test_run_quarantines_a_damaged_part_and_reruns_its_trial_to_the_same_rows(sweep, monkeypatch):
+    import ray
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # a private local Ray, never another cluster
+    store = ResultsStore(sweep.parent, "smoke")
+    (trial,) = store.completed_ids()
+    before = store.read("metrics").filter(pl.col("trial_id") == trial).sort("step", "layer", "site", "basis", "metric")
+    part = cut_in_half(sweep)
+    try:
+        result = invoke("run", SMOKE, "--results", sweep.parent)
+    finally:
+        ray.shutdown()
+    assert result.exit_code == 0, result.output
+    assert (sweep / "quarantine" / "metrics" / part.name).exists()
+    after = store.read("metrics").filter(pl.col("trial_id") == trial).sort("step", "layer", "site", "basis", "metric")
+    assert after.height == before.height
+    assert after.drop("value").equals(before.drop("value"))
+    assert invoke("status", sweep, "--verify").exit_code == 0
