@@ -134,3 +134,28 @@ def test_run_quarantines_a_damaged_part_and_reruns_its_trial_to_the_same_rows(sw
     assert after.height == before.height
     assert after.drop("value").equals(before.drop("value"))
     assert invoke("status", sweep, "--verify").exit_code == 0
+
+
+@pytest.mark.slow
+def test_a_trial_failing_before_training_gets_its_failed_row_from_the_driver(tmp_path, monkeypatch):
+    """The worker fails before train_trial's own error handling (its trial folder's path is taken
+    by a file): the driver writes the failed row from Tune's error, says where, and status lists it."""
+    import ray
+
+    from sweep.cli import load
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    _, trials = load(SMOKE)
+    victim = trials[0].trial_id
+    (tmp_path / "smoke" / "trials").mkdir(parents=True)
+    (tmp_path / "smoke" / "trials" / victim).write_text("in the way")
+    try:
+        result = invoke("run", SMOKE, "--results", tmp_path)
+    finally:
+        ray.shutdown()
+    assert result.exit_code == 1, result.output
+    store = ResultsStore(tmp_path, "smoke")
+    assert store.statuses()[victim] == "failed"
+    assert "the driver wrote its failed row" in result.output
+    status = invoke("status", tmp_path / "smoke")
+    assert status.exit_code == 1 and victim in status.output and "FileExistsError" in status.output
