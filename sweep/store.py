@@ -339,6 +339,12 @@ class SweepLock:
         was taken over."""
         self._start = time.time()
         warning = None
+        if self.store.local:  # folders made only for the lock go again on release (nothing written)
+            made, path = [], Path(self.store.path)
+            while not path.exists() and path != path.parent:
+                made.append(path)
+                path = path.parent
+            self._made = made
         self.store.fs.create_dir(self.store.path, recursive=True)
         for _ in range(2):
             if self._create():
@@ -402,6 +408,11 @@ class SweepLock:
         rec = self.holder()
         if rec is not None and rec.get("token") == self.token:
             self.store.fs.delete_file(self.path)
+        for folder in getattr(self, "_made", []):
+            try:
+                folder.rmdir()
+            except OSError:  # something was written: keep it
+                break
 
     def __enter__(self) -> SweepLock:
         self.warning = self.acquire()
