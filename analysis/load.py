@@ -117,9 +117,28 @@ def load(path: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | N
     files: dict[str, tuple[str, ...]] = {}
     for table in TABLES:
         found = _parquet_files(fs, f"{sweep}/{table}")
+        verify_footers(fs, found, prefix)
         files[table] = tuple(prefix + f for f in found)
         tables[table] = _scan(fs, found, files[table], SCHEMAS[table], opts)
     return Results(path=prefix + sweep, files=files, **tables)
+
+
+class DamagedFileError(ValueError):
+    """A Parquet file of the sweep cannot be read (one line, naming it)."""
+
+
+def verify_footers(fs: Any, found: list[str], prefix: str = "") -> None:
+    """Read every file's footer: a truncated or damaged file is named here, not deep in a query."""
+    import pyarrow.parquet as pq
+
+    for path in found:
+        try:
+            with fs.open_input_file(path) as f:
+                pq.ParquetFile(f).schema_arrow
+        except Exception as exc:  # pyarrow raises OSError / ArrowInvalid for a bad footer
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise DamagedFileError(f"{prefix}{path}: damaged Parquet file ({reason}); "
+                                   "`sweep run` moves it to quarantine/ and re-runs its trial") from None
 
 
 def rotation_label() -> pl.Expr:

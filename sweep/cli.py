@@ -95,6 +95,7 @@ def plan(
                                                        "GPU name); default: cpu, or NVIDIA H200 for GPU specs.")] = None,
 ) -> None:
     """List the grid: trial ids, shapes, parameters, tokens, FLOPs, estimated time, done or not."""
+    from analysis.storage import StorageError
     from sweep.estimate import estimate
     from sweep.spec import unprepared
 
@@ -103,7 +104,10 @@ def plan(
         out.print(f"[yellow]note:[/] data.tokens {spec.data.tokens} is not prepared yet: sizes use its stated "
                   f"vocab_size {spec.data.vocab_size}; `sweep run` refuses until it exists (see the spec's header)")
     store = open_store(results, spec.name)
-    runs = store.read("runs")  # once: statuses and measured throughput both come from it
+    try:
+        runs = store.read("runs")  # once: statuses and measured throughput both come from it
+    except StorageError as exc:  # a damaged runs file, named
+        raise bad_input(str(exc)) from None
     statuses = dict(zip(runs["trial_id"].to_list(), runs["status"].to_list()))
     flops_per_s = None
     if runs.height:
@@ -196,35 +200,56 @@ def run(
 
 
 @app.command()
-def status(results: SweepArg) -> None:
-    """Counts of done / failed / diverged / started trials, and each failure's error line."""
-    import pyarrow.fs as pafs
-
+def status(
+    results: SweepArg,
+    verify: Annotated[bool, typer.Option("--verify", help="Also check every trial's rows cover its steps.")] = False,
+) -> None:
+    """Counts of done / failed / diverged / started trials, each failure's error line, damaged files.
+    Exit 0 when every started trial is done, 1 otherwise, 2 when a file is damaged."""
     from analysis import storage
-    from sweep.store import ResultsStore
-
+    from sweep.store import ResultsStore, SweepLock
     folder = sweep_folder(results)
     store = ResultsStore(storage.parent(folder), storage.name(folder))
-    runs = store.read("runs")
-    counts = runs.group_by("status").len().sort("status")
-    listing = store.fs.get_file_info(pafs.FileSelector(f"{store.path}/trials", allow_not_found=True))
-    started = {i.base_name for i in listing if i.type == pafs.FileType.Directory}
-    unfinished = started - set(runs["trial_id"].to_list())
+    st = store.status(verify=verify)
+    runs = st.runs
     table = Table(title=f"{store.sweep}: {runs.height} trials with a result")
     table.add_column("status")
     table.add_column("trials", justify="right")
-    for s, n in counts.iter_rows():
+    for s, n in runs.group_by("status").len().sort("status").iter_rows():
         table.add_row(s, str(n))
-    if unfinished:
-        table.add_row("started, no result (running or interrupted)", str(len(unfinished)))
+    if st.unfinished:
+        table.add_row("started, no result (running or interrupted)", str(len(st.unfinished)))
     out.print(table)
-    failed = runs.filter(runs["status"] != "done")
-    for row in failed.iter_rows(named=True):
+    if st.lock is not None:
+        why = SweepLock.stale(st.lock)
+        out.print(f"run.lock: {'stale, ' + why if why else 'a run is in progress'} ({SweepLock.describe(st.lock)})",
+                  highlight=False)
+    for row in st.failed.iter_rows(named=True):
         line = (row["error"] or "").strip().splitlines()[-1:] or [f"at step {row['steps']}"]
         out.print(f"[red]{row['status']}[/] {row['trial_id']} {row['optimizer']} {row['norm']} "
                   f"{row['rotation_label']} d={row['d_model']} seed={row['seed']}: {line[0]}", highlight=False)
-    if failed.height:
+    for trial_id in st.unfinished:
+        out.print(f"[yellow]started, no result[/] {trial_id}: running, or interrupted (`sweep run` re-runs it)",
+                  highlight=False)
+    for gap in st.gaps:
+        out.print(f"[red]incomplete rows[/] {gap}", highlight=False)
+    if verify and not st.gaps and not st.damaged:
+        out.print(f"verified: every file readable, rows of {runs.filter(runs['status'] == 'done').height} done "
+                  "trials cover their steps", highlight=False)
+    if st.damaged:
+        for table_name, name, reason in st.damaged:
+            err.print(f"[bold red]error:[/] {store.uri}/{table_name}/{name}: damaged Parquet file ({reason})",
+                      highlight=False, soft_wrap=True)
+        err.print("`sweep run` moves damaged files to quarantine/ and re-runs their trials", highlight=False)
+        raise typer.Exit(2)
+    if not st.ok:
         raise typer.Exit(1)
+
+
+@app.command()
+def verify(results: SweepArg) -> None:
+    """Check every file and every trial's rows (same as `sweep status --verify`)."""
+    status(results, verify=True)
 
 
 # ---- train -----------------------------------------------------------------------------------

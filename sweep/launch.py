@@ -12,7 +12,7 @@ from typing import Callable
 from analysis import storage
 from study.config import TrialConfig
 from sweep.spec import SpecError, SweepSpec
-from sweep.store import ResultsStore
+from sweep.store import ResultsStore, SweepLock
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,7 @@ class SweepOutcome:
     launched: int
     statuses: dict[str, str]
     wall_s: float
+    notes: tuple[str, ...] = ()  # warnings for the user: lock taken over, files quarantined, rows written by the driver
 
     @property
     def failed(self) -> list[str]:
@@ -111,12 +112,24 @@ def run_sweep(
     results = resolve_results(results)
     store = ResultsStore(results, spec.name)
     store.check_writable()  # unreachable endpoint, missing bucket, bad credentials: before Ray starts
+    lock = SweepLock(store)
+    warning = lock.acquire()  # LockHeld (exit 2) when another run holds this sweep
+    try:
+        notes = ([warning] if warning else []) + store.quarantine()
+        for note in notes:
+            print(f"warning: {note}", file=sys.stderr)
+        return _run_locked(spec, trials, results, store, address, max_concurrent, num_cpus, on_start, t0, notes)
+    finally:
+        lock.release()
+
+
+def _run_locked(spec, trials, results, store, address, max_concurrent, num_cpus, on_start, t0, notes) -> SweepOutcome:
     done = store.completed_ids()
     # Largest first: the long trials start early and the small ones fill the gaps at the end.
     todo = sorted((t for t in trials if t.trial_id not in done), key=lambda t: -t.flops_per_token * t.total_tokens)
     callbacks = on_start(todo) if on_start is not None else None
     if not todo:
-        return SweepOutcome(len(trials), len(trials), 0, {}, time.perf_counter() - t0)
+        return SweepOutcome(len(trials), len(trials), 0, {}, time.perf_counter() - t0, tuple(notes))
 
     ray = _init_ray(address, num_cpus)
     from ray import tune
@@ -156,7 +169,36 @@ def run_sweep(
             verbose=0,
         ),
     )
-    tuner.fit()
+    grid = tuner.fit()
+    statuses = store.statuses()
+    notes = list(notes) + record_errors(store, {t.trial_id: t for t in todo}, grid, statuses)
     statuses = store.statuses()
     launched = {t.trial_id: statuses.get(t.trial_id, "missing") for t in todo}
-    return SweepOutcome(len(trials), len(trials) - len(todo), len(todo), launched, time.perf_counter() - t0)
+    return SweepOutcome(len(trials), len(trials) - len(todo), len(todo), launched, time.perf_counter() - t0,
+                        tuple(notes))
+
+
+def record_errors(store: ResultsStore, todo: dict[str, TrialConfig], grid, statuses: dict[str, str]) -> list[str]:
+    """A trial that errored without leaving a runs row (its error came before training, or the
+    worker could not write the row): the driver writes the failed row from Tune's error; when
+    even that fails, the row goes to a local fallback folder. Returns one line per row written."""
+    from sweep.trainable import failed_row
+
+    notes = []
+    for result in grid:
+        trial_id = (result.config or {}).get("point", {}).get("trial_id")
+        if result.error is None or trial_id not in todo or statuses.get(trial_id) not in (None, "missing"):
+            continue
+        row = failed_row(todo[trial_id], f"{type(result.error).__name__}: {str(result.error).strip()[-2000:]}")
+        try:
+            store.write_run(row)
+            notes.append(f"trial {trial_id} failed before it could record itself; the driver wrote its failed "
+                         f"row to {store.uri}/runs/{trial_id}.parquet")
+        except (OSError, ValueError) as exc:
+            fallback = ResultsStore(Path.cwd() / "sweep-fallback", store.sweep)
+            fallback.write_run(row)
+            notes.append(f"trial {trial_id} failed and its row could not be written to {store.uri} "
+                         f"({str(exc).splitlines()[0][:120]}); written to {fallback.uri}/runs/{trial_id}.parquet")
+    for note in notes:
+        print(f"warning: {note}", file=sys.stderr)
+    return notes

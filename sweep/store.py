@@ -5,6 +5,13 @@
     <root>/<sweep>/curves/<trial_id>.<first>-<last>.parquet
     <root>/<sweep>/checks/<trial_id>.parquet
     <root>/<sweep>/trials/<trial_id>/config.json, checkpoint.pt (local stores)
+    <root>/<sweep>/run.lock                                   the one writer (SweepLock)
+    <root>/<sweep>/quarantine/<table>/<file>                  damaged files, moved aside
+
+One writer per sweep: `sweep run` holds run.lock (host, pid, start, lease expiry, refreshed by
+a heartbeat); a second run refuses with LockHeld. Every Parquet file read is verified (footer
+and schema); a damaged one raises DamagedFile naming it, and `sweep run` moves it (with its
+trial's runs row and checkpoint) to quarantine/ so the trial runs again. Nothing is deleted.
 
 Exactly once: a trial's rows are flushed as parts named by their step range just before each
 checkpoint; a (re)start deletes the parts after the step it resumes from, so after any crash,
@@ -15,7 +22,12 @@ then moved into place. Local paths and s3:// or gs:// URIs go through pyarrow fi
 from __future__ import annotations
 
 import io
+import json
+import os
 import re
+import socket
+import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,9 +40,18 @@ import pyarrow.parquet as pq
 
 from analysis import storage
 from analysis.schema import ARROW, FINISHED, TABLES
+from analysis.storage import StorageError
 
 SCHEMAS: dict[str, pa.Schema] = ARROW  # the contract: analysis/schema.py
 _PART = re.compile(r"^(?P<trial>.+)\.(?P<first>\d+)-(?P<last>\d+)\.parquet$")
+
+
+class LockHeld(StorageError):
+    """Another `sweep run` holds the sweep's lock (one line, naming the holder)."""
+
+
+class DamagedFile(StorageError):
+    """A Parquet file of the store cannot be read (one line, naming the file)."""
 
 
 def _to_table(name: str, rows: list[dict]) -> pa.Table:
@@ -50,6 +71,14 @@ class ResultsStore:
     def check_writable(self) -> None:
         """StorageError (one line) when the store cannot be reached or written; writes nothing."""
         storage.check_writable(self.uri)
+        if self.local:  # the first existing ancestor must be a writable folder
+            path = Path(self.path)
+            while not path.exists() and path != path.parent:
+                path = path.parent
+            if not path.is_dir():
+                raise StorageError(f"{self.path}: {path} is a file, not a folder")
+            if not os.access(path, os.W_OK | os.X_OK):
+                raise StorageError(f"{self.path}: {path} is not writable")
 
     # -- low-level ----------------------------------------------------------------------
 
@@ -113,13 +142,20 @@ class ResultsStore:
 
     # -- reading ------------------------------------------------------------------------
 
+    def _read_file(self, table: str, name: str) -> pa.Table:
+        path = f"{self.path}/{table}/{name}"
+        try:
+            return pq.read_table(path, filesystem=self.fs, schema=SCHEMAS[table])
+        except (OSError, pa.ArrowException) as exc:
+            raise DamagedFile(f"{self.uri}/{table}/{name}: damaged Parquet file ({_first_line(exc)}); "
+                              "`sweep run` moves it to quarantine/ and re-runs its trial") from None
+
     def read(self, table: str) -> pl.DataFrame:
+        """The whole table; DamagedFile names the first file that cannot be read."""
         names = self._list(table)
         if not names:
             return pl.from_arrow(SCHEMAS[table].empty_table())
-        tables = [pq.read_table(f"{self.path}/{table}/{n}", filesystem=self.fs, schema=SCHEMAS[table])
-                  for n in names]
-        return pl.from_arrow(pa.concat_tables(tables))
+        return pl.from_arrow(pa.concat_tables([self._read_file(table, n) for n in names]))
 
     def statuses(self) -> dict[str, str]:
         """trial_id -> status for every trial with a runs row."""
@@ -129,6 +165,274 @@ class ResultsStore:
     def completed_ids(self) -> set[str]:
         """Trials that need no more work: done or diverged (failed ones are retried)."""
         return {t for t, s in self.statuses().items() if s in FINISHED}
+
+    def damaged(self) -> list[tuple[str, str, str]]:
+        """(table, file name, reason) for every file whose footer or schema is unreadable or does
+        not match the contract. Reads footers only."""
+        bad = []
+        for table in TABLES:
+            want = SCHEMAS[table]
+            for name in self._list(table):
+                try:
+                    with self.fs.open_input_file(f"{self.path}/{table}/{name}") as f:
+                        schema = pq.ParquetFile(f).schema_arrow
+                    missing = [c for c in ("trial_id",) if c not in schema.names]
+                    clash = [c for c in schema.names if c in want.names and schema.field(c).type != want.field(c).type
+                             and not pa.types.is_null(schema.field(c).type)]
+                    if missing or clash:
+                        raise ValueError(f"schema: missing {missing} / wrong type {clash}")
+                except (OSError, ValueError, pa.ArrowException) as exc:
+                    bad.append((table, name, _first_line(exc)))
+        return bad
+
+    def quarantine(self) -> list[str]:
+        """Move every damaged file to quarantine/, with its trial's runs row and checkpoint, so
+        the trial is incomplete and runs again from the start. Returns one line per file moved."""
+        moved = []
+        for table, name, reason in self.damaged():
+            trial = _trial_of(name)
+            self._move_aside(f"{table}/{name}")
+            moved.append(f"{self.uri}/{table}/{name}: damaged ({reason}); moved to "
+                         f"{self.uri}/quarantine/{table}/ and trial {trial} will run again")
+            if table != "runs" and self.fs.get_file_info(f"{self.path}/runs/{trial}.parquet").type == pafs.FileType.File:
+                self._move_aside(f"runs/{trial}.parquet")
+            trial_dir = self.trial_dir(trial)
+            if trial_dir is not None and (trial_dir / "checkpoint.pt").exists():
+                self._move_aside(f"trials/{trial}/checkpoint.pt")
+        return moved
+
+    def _move_aside(self, rel: str) -> None:
+        target = f"{self.path}/quarantine/{rel}"
+        if self.fs.get_file_info(target).type != pafs.FileType.NotFound:  # never overwrite an earlier one
+            target = f"{target}.{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        self.fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
+        self.fs.move(f"{self.path}/{rel}", target)
+
+    def started_ids(self) -> set[str]:
+        """Trials that began (a local trial folder exists) — with or without a runs row."""
+        listing = self.fs.get_file_info(pafs.FileSelector(f"{self.path}/trials", allow_not_found=True))
+        return {i.base_name for i in listing if i.type == pafs.FileType.Directory}
+
+    def status(self, verify: bool = False) -> StoreStatus:
+        """What `sweep status` shows: the runs, trials started with no result, the lock's holder,
+        and (with verify, or when the runs table is unreadable) the damaged files and rows missing."""
+        damaged = self.damaged()
+        runs = self.read("runs") if not any(t == "runs" for t, _, _ in damaged) else _readable(self, "runs")
+        unfinished = sorted(self.started_ids() - set(runs["trial_id"].to_list()))
+        gaps = self.row_gaps(runs) if verify else []
+        return StoreStatus(runs, unfinished, damaged, SweepLock(self).holder(), gaps)
+
+    def row_gaps(self, runs: pl.DataFrame) -> list[str]:
+        """For each finished trial: every eval step up to its last has metrics rows, every step has
+        a curves row, and each eval step has as many metrics rows as the first one."""
+        gaps = []
+        try:
+            metrics = self.read("metrics").group_by("trial_id", "step").len()
+        except DamagedFile as exc:
+            return [str(exc)]
+        curve_steps = self.read("curves").select("trial_id", "step").unique()
+        for row in runs.filter(pl.col("status") == "done").iter_rows(named=True):
+            t, steps = row["trial_id"], row["steps"] or 0
+            m = metrics.filter(pl.col("trial_id") == t).sort("step")
+            if m.height == 0:
+                gaps.append(f"{t}: no metrics rows")
+            else:
+                # Every eval has the rows of the first (the final one may add end-of-run metrics).
+                short = m.filter(pl.col("len") < m["len"][0])["step"].to_list()
+                if short:
+                    gaps.append(f"{t}: metrics rows short at steps {short[:8]} (expected {m['len'][0]} per eval)")
+                found = m["step"].to_list()
+                every = min((b - a for a, b in zip(found, found[1:])), default=steps or 1)
+                missing = sorted(set(range(found[0], steps + 1, every)) - set(found))
+                if missing or found[-1] != steps:
+                    gaps.append(f"{t}: no metrics rows at eval steps {(missing or [steps])[:8]}")
+            have = set(curve_steps.filter(pl.col("trial_id") == t)["step"].to_list())
+            lost = sorted(set(range(1, steps + 1)) - have)
+            if lost:
+                gaps.append(f"{t}: curves miss {len(lost)} of {steps} steps (first {lost[0]})")
+        return gaps
+
+
+def _readable(store: ResultsStore, table: str) -> pl.DataFrame:
+    """The readable files of a table (the damaged ones are reported separately)."""
+    parts = []
+    for name in store._list(table):
+        try:
+            parts.append(store._read_file(table, name))
+        except DamagedFile:
+            pass
+    return pl.from_arrow(pa.concat_tables(parts)) if parts else pl.from_arrow(SCHEMAS[table].empty_table())
+
+
+def _trial_of(name: str) -> str:
+    m = _PART.match(name)
+    return m["trial"] if m else name.removesuffix(".parquet")
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+
+
+@dataclass
+class StoreStatus:
+    """A sweep's state as stored: what `sweep status` prints."""
+
+    runs: pl.DataFrame
+    unfinished: list[str]          # started, no runs row: running or interrupted
+    damaged: list[tuple[str, str, str]]
+    lock: dict | None              # the current holder of run.lock, if any
+    gaps: list[str]                # verify: trials whose rows do not cover their steps
+
+    @property
+    def failed(self) -> pl.DataFrame:
+        return self.runs.filter(pl.col("status") != "done")
+
+    @property
+    def ok(self) -> bool:
+        return not (self.failed.height or self.unfinished or self.damaged or self.gaps)
+
+
+class SweepLock:
+    """run.lock in a sweep's folder: one `sweep run` at a time. Local: an atomic exclusive create;
+    object stores (no conditional put in pyarrow): a lock object with a lease, written, then read
+    back to see who won. The holder refreshes the lease every LEASE_S / 3 from a thread; a lock
+    whose pid is dead on this host, or whose lease expired, is stale and taken over."""
+
+    LEASE_S = 120.0
+
+    def __init__(self, store: ResultsStore):
+        self.store = store
+        self.path = f"{store.path}/run.lock"
+        self.token = uuid.uuid4().hex
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _record(self) -> dict:
+        now = time.time()
+        return {"host": socket.gethostname(), "pid": os.getpid(), "start": getattr(self, "_start", now),
+                "expires": now + self.LEASE_S, "token": self.token}
+
+    def holder(self) -> dict | None:
+        try:
+            with self.store.fs.open_input_stream(self.path) as f:
+                return json.loads(f.read().decode())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):  # half-written or unreadable: treat as an expired lease
+            return {"host": "?", "pid": -1, "start": 0.0, "expires": 0.0, "token": ""}
+
+    @staticmethod
+    def describe(rec: dict) -> str:
+        start = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rec.get("start", 0)))
+        return f"host {rec.get('host')} pid {rec.get('pid')} since {start}"
+
+    @staticmethod
+    def stale(rec: dict) -> str | None:
+        """Why `rec` no longer holds the sweep (None while it does)."""
+        if rec.get("host") == socket.gethostname() and not _alive(int(rec.get("pid", -1))):
+            return f"its process {rec.get('pid')} is gone"
+        if rec.get("expires", 0) < time.time():
+            return "its lease expired"
+        return None
+
+    def acquire(self) -> str | None:
+        """Take the lock or raise LockHeld naming the holder; returns a warning when a stale lock
+        was taken over."""
+        self._start = time.time()
+        warning = None
+        if self.store.local:  # folders made only for the lock go again on release (nothing written)
+            made, path = [], Path(self.store.path)
+            while not path.exists() and path != path.parent:
+                made.append(path)
+                path = path.parent
+            self._made = made
+        self.store.fs.create_dir(self.store.path, recursive=True)
+        for _ in range(2):
+            if self._create():
+                break
+            rec = self.holder()
+            if rec is None:
+                continue
+            why = self.stale(rec)
+            if why is None:
+                raise LockHeld(f"{self.store.uri}: another `sweep run` holds this sweep ({self.describe(rec)}); "
+                               f"wait for it, or remove {self.store.uri}/run.lock if it is truly gone")
+            warning = f"took over a stale lock of {self.describe(rec)}: {why}"
+            self.store.fs.delete_file(self.path)
+        else:
+            raise LockHeld(f"{self.store.uri}: another `sweep run` took the lock first")
+        self._thread = threading.Thread(target=self._heartbeat, daemon=True, name="sweep-lock")
+        self._thread.start()
+        return warning
+
+    def _create(self) -> bool:
+        data = json.dumps(self._record()).encode()
+        if self.store.local:
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            return True
+        if self.holder() is not None:
+            return False
+        self._put(data)
+        time.sleep(0.5)  # a racing writer's put lands too; the last one wins, and both read it back
+        rec = self.holder()
+        return rec is not None and rec.get("token") == self.token
+
+    def _put(self, data: bytes) -> None:
+        if self.store.local:  # refresh atomically: a reader never sees half a record
+            tmp = f"{self.path}.{self.token}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, self.path)
+        else:
+            with self.store.fs.open_output_stream(self.path) as f:
+                f.write(data)
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self.LEASE_S / 3):
+            rec = self.holder()
+            if rec is None or rec.get("token") != self.token:
+                return  # taken over (we were presumed dead): never overwrite the new holder
+            try:
+                self._put(json.dumps(self._record()).encode())
+            except OSError:
+                pass
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        rec = self.holder()
+        if rec is not None and rec.get("token") == self.token:
+            self.store.fs.delete_file(self.path)
+        for folder in getattr(self, "_made", []):
+            try:
+                folder.rmdir()
+            except OSError:  # something was written: keep it
+                break
+
+    def __enter__(self) -> SweepLock:
+        self.warning = self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @dataclass

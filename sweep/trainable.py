@@ -56,7 +56,10 @@ def train_trial(cfg: TrialConfig, store: ResultsStore, sink: StoreSink, resume_f
         return train(cfg, sink, checkpoint_dir=checkpoint_dir, resume_from=resume_from)
     except Exception as exc:
         lines = traceback.format_exception_only(exc)
-        store.write_run(failed_row(cfg, "".join(lines).strip()))
+        try:
+            store.write_run(failed_row(cfg, "".join(lines).strip()))
+        except Exception as write_exc:  # full disk, lost bucket: the driver writes it from Tune's error
+            exc.add_note(f"(the failed row could not be written: {str(write_exc).splitlines()[0][:200]})")
         raise
 
 

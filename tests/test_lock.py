@@ -1,0 +1,99 @@
+"""One writer per sweep: sweep/store.py's SweepLock, through `sweep run` (no Ray needed: the lock
+is taken before anything starts)."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from sweep.cli import app
+from sweep.store import LockHeld, ResultsStore, SweepLock
+
+SMOKE = Path(__file__).parent.parent / "specs" / "smoke.yaml"
+runner = CliRunner()
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_second_run_refuses_with_exit_2_naming_the_holder(tmp_path):
+    store = ResultsStore(tmp_path, "smoke")
+    store.write_run({"trial_id": "earlier", "status": "done"})
+    with SweepLock(store):
+        result = runner.invoke(app, ["run", str(SMOKE), "--results", str(tmp_path)])
+        assert result.exit_code == 2, result.output
+        assert "another `sweep run` holds this sweep" in result.output
+        assert f"host {socket.gethostname()} pid {os.getpid()}" in result.output
+        assert "Traceback" not in result.output
+        assert not (tmp_path / "smoke" / "trials").exists()  # nothing started
+        assert (tmp_path / "smoke" / "run.lock").exists()    # the holder's lock left alone
+        status = runner.invoke(app, ["status", str(tmp_path / "smoke")])
+        assert "a run is in progress" in status.output
+    assert not (tmp_path / "smoke" / "run.lock").exists()    # released
+
+
+def test_a_stale_lock_of_a_dead_process_is_taken_over_with_a_warning(tmp_path):
+    store = ResultsStore(tmp_path, "s")
+    (tmp_path / "s").mkdir()
+    pid = dead_pid()
+    (tmp_path / "s" / "run.lock").write_text(json.dumps(
+        {"host": socket.gethostname(), "pid": pid, "start": time.time() - 60, "expires": time.time() + 600}))
+    lock = SweepLock(store)
+    warning = lock.acquire()
+    try:
+        assert warning and f"pid {pid}" in warning and "is gone" in warning
+        assert SweepLock(store).holder()["pid"] == os.getpid()
+        with pytest.raises(LockHeld):
+            SweepLock(store).acquire()
+    finally:
+        lock.release()
+    assert SweepLock(store).holder() is None
+
+
+def test_an_expired_lease_of_another_host_is_stale_a_live_one_is_not(tmp_path):
+    store = ResultsStore(tmp_path, "s")
+    (tmp_path / "s").mkdir()
+    rec = {"host": "elsewhere", "pid": 1, "start": time.time(), "expires": time.time() + 600}
+    (tmp_path / "s" / "run.lock").write_text(json.dumps(rec))
+    with pytest.raises(LockHeld, match="host elsewhere pid 1"):
+        SweepLock(store).acquire()
+    (tmp_path / "s" / "run.lock").write_text(json.dumps({**rec, "expires": time.time() - 1}))
+    with SweepLock(store) as lock:
+        assert "lease expired" in lock.warning
+
+
+def test_run_releases_the_lock_when_it_ends(tmp_path, monkeypatch):
+    """A run with nothing to do (every trial complete) takes and releases the lock; so does one that
+    fails inside (the `finally`)."""
+    from sweep.cli import load
+    from sweep.launch import run_sweep
+
+    spec, trials = load(SMOKE)
+    store = ResultsStore(tmp_path, spec.name)
+    for t in trials:
+        store.write_run({"trial_id": t.trial_id, "status": "done"})
+    outcome = run_sweep(spec, trials, tmp_path)
+    assert outcome.launched == 0 and SweepLock(store).holder() is None
+    monkeypatch.setattr(ResultsStore, "completed_ids", lambda self: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        run_sweep(spec, trials, tmp_path)
+    assert SweepLock(store).holder() is None
+
+
+def test_lock_on_an_object_store_refuses_a_second_holder_and_releases(s3):
+    store = ResultsStore("s3://bars/locks", "s")
+    with SweepLock(store):
+        rec = SweepLock(store).holder()
+        assert rec["pid"] == os.getpid() and rec["expires"] > time.time()
+        with pytest.raises(LockHeld, match=f"pid {os.getpid()}"):
+            SweepLock(store).acquire()
+    assert SweepLock(store).holder() is None

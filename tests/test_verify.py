@@ -1,0 +1,161 @@
+"""Damage detected and named (sweep/store.py: damaged, quarantine, status --verify), and a status
+that tells the truth. One real trial is trained once (in-process, no Ray) and copied per test."""
+
+import shutil
+from pathlib import Path
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+import analysis
+from analysis.load import DamagedFileError
+from sweep.cli import app
+from sweep.store import ResultsStore
+
+SMOKE = Path(__file__).parent.parent / "specs" / "smoke.yaml"
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("trained")
+    result = invoke("train", SMOKE, "--trial", "1", "--results", root)
+    assert result.exit_code == 0, result.output
+    return root
+
+
+@pytest.fixture
+def sweep(trained, tmp_path):
+    shutil.copytree(trained / "smoke", tmp_path / "smoke")
+    return tmp_path / "smoke"
+
+
+def cut_in_half(sweep: Path, table: str = "metrics") -> Path:
+    part = sorted((sweep / table).glob("*.parquet"))[0]
+    data = part.read_bytes()
+    part.write_bytes(data[: len(data) // 2])
+    return part
+
+
+def test_an_intact_sweep_verifies_and_status_exits_0(sweep):
+    result = invoke("status", sweep, "--verify")
+    assert result.exit_code == 0, result.output
+    assert "verified: every file readable" in result.output
+    assert invoke("verify", sweep).exit_code == 0
+
+
+@pytest.mark.parametrize("table", ["metrics", "runs"])
+def test_a_damaged_part_is_named_by_status_query_report_and_load(sweep, table):
+    part = cut_in_half(sweep, table)
+    for args in (["status", sweep], ["query", sweep, "SELECT count(*) FROM metrics"], ["report", sweep]):
+        result = invoke(*args)
+        assert result.exit_code == 2, (args, result.output)
+        assert part.name in result.output and "damaged Parquet file" in result.output, (args, result.output)
+        assert "Traceback" not in result.output
+    with pytest.raises(DamagedFileError, match=part.name):
+        analysis.load(sweep)
+
+
+def test_quarantine_moves_the_damaged_part_and_makes_its_trial_incomplete(sweep):
+    store = ResultsStore(sweep.parent, "smoke")
+    (trial,) = store.completed_ids()
+    part = cut_in_half(sweep)
+    damaged_bytes = part.read_bytes()
+    moved = store.quarantine()
+    assert len(moved) == 1 and part.name in moved[0] and trial in moved[0]
+    assert (sweep / "quarantine" / "metrics" / part.name).read_bytes() == damaged_bytes  # never deleted
+    assert (sweep / "quarantine" / "runs" / f"{trial}.parquet").exists()
+    assert not (sweep / "trials" / trial / "checkpoint.pt").exists()  # the re-run starts from step 0
+    assert store.completed_ids() == set() and store.damaged() == []
+    status = invoke("status", sweep)
+    assert status.exit_code == 1, status.output  # started (its folder), no result until re-run
+    assert "started, no result" in status.output and trial in status.output
+
+
+def test_verify_finds_a_missing_part_that_reads_fine(sweep):
+    parts = sorted((sweep / "metrics").glob("*.parquet"))
+    parts[len(parts) // 2].unlink()
+    curves = sorted((sweep / "curves").glob("*.parquet"))
+    curves[-1].unlink()
+    assert invoke("status", sweep).exit_code == 0  # every file reads: only --verify sees the gap
+    result = invoke("status", sweep, "--verify")
+    assert result.exit_code == 1, result.output
+    assert "incomplete rows" in result.output and "curves miss" in result.output and "no metrics rows at eval steps" in result.output
+
+
+def test_status_exits_1_for_a_trial_started_without_a_result(sweep):
+    (sweep / "trials" / "abandoned1234").mkdir()
+    result = invoke("status", sweep)
+    assert result.exit_code == 1, result.output
+    assert "abandoned1234" in result.output and "started, no result" in result.output
+
+
+@pytest.mark.parametrize("kind", ["file", "read-only"])
+def test_a_results_path_that_is_a_file_or_not_writable_is_refused_before_ray(tmp_path, kind):
+    target = tmp_path / "results"
+    if kind == "file":
+        target.write_text("not a folder")
+    else:
+        target.mkdir()
+        target.chmod(0o500)
+    try:
+        result = invoke("run", SMOKE, "--results", target)
+    finally:
+        if kind != "file":
+            target.chmod(0o700)
+    if kind == "read-only" and result.exit_code == 0:
+        pytest.skip("running as a user who may write anywhere")
+    assert result.exit_code == 2, result.output
+    assert ("is a file" if kind == "file" else "is not writable") in result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) <= 2
+
+
+@pytest.mark.slow
+def test_run_quarantines_a_damaged_part_and_reruns_its_trial_to_the_same_rows(sweep, monkeypatch):
+    import ray
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # a private local Ray, never another cluster
+    store = ResultsStore(sweep.parent, "smoke")
+    (trial,) = store.completed_ids()
+    before = store.read("metrics").filter(pl.col("trial_id") == trial).sort("step", "layer", "site", "basis", "metric")
+    part = cut_in_half(sweep)
+    try:
+        result = invoke("run", SMOKE, "--results", sweep.parent)
+    finally:
+        ray.shutdown()
+    assert result.exit_code == 0, result.output
+    assert (sweep / "quarantine" / "metrics" / part.name).exists()
+    after = store.read("metrics").filter(pl.col("trial_id") == trial).sort("step", "layer", "site", "basis", "metric")
+    assert after.height == before.height
+    assert after.drop("value").equals(before.drop("value"))
+    assert invoke("status", sweep, "--verify").exit_code == 0
+
+
+@pytest.mark.slow
+def test_a_trial_failing_before_training_gets_its_failed_row_from_the_driver(tmp_path, monkeypatch):
+    """The worker fails before train_trial's own error handling (its trial folder's path is taken
+    by a file): the driver writes the failed row from Tune's error, says where, and status lists it."""
+    import ray
+
+    from sweep.cli import load
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    _, trials = load(SMOKE)
+    victim = trials[0].trial_id
+    (tmp_path / "smoke" / "trials").mkdir(parents=True)
+    (tmp_path / "smoke" / "trials" / victim).write_text("in the way")
+    try:
+        result = invoke("run", SMOKE, "--results", tmp_path)
+    finally:
+        ray.shutdown()
+    assert result.exit_code == 1, result.output
+    store = ResultsStore(tmp_path, "smoke")
+    assert store.statuses()[victim] == "failed"
+    assert "the driver wrote its failed row" in result.output
+    status = invoke("status", tmp_path / "smoke")
+    assert status.exit_code == 1 and victim in status.output and "FileExistsError" in status.output
