@@ -145,6 +145,7 @@ def _run_locked(spec, trials, results, store, address, max_concurrent, num_cpus,
 
     param_space = {
         "results": results,
+        "cwd": os.getcwd(),  # relative paths in the spec (data.text, data.tokens) mean what they meant here
         "point": tune.grid_search([
             {"trial": t.model_dump_json(), "trial_id": t.trial_id, "resources": demands[t.trial_id]}
             for t in todo

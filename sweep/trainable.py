@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import tempfile
@@ -65,6 +66,9 @@ def train_trial(cfg: TrialConfig, store: ResultsStore, sink: StoreSink, resume_f
 
 def run_trial(config: dict) -> None:
     """Ray Tune entry point. `config` = {"results": root, "point": {"trial": TrialConfig JSON, ...}}."""
+    cwd = config.get("cwd")
+    if cwd and os.path.isdir(cwd):  # Tune starts a trial in its own folder; the spec's paths are the driver's
+        os.chdir(cwd)
     cfg = TrialConfig.model_validate_json(config["point"]["trial"])
     store = ResultsStore(config["results"], cfg.sweep)
     sink = TuneSink(store, cfg.trial_id)

@@ -96,6 +96,17 @@ def test_a_failing_trial_is_recorded_and_reported(tmp_path, local_ray):
     assert "corpus.txt" in runs["error"][0]
 
 
+@pytest.mark.slow
+def test_relative_data_paths_mean_what_they_meant_where_sweep_run_started(tmp_path, local_ray, monkeypatch):
+    (tmp_path / "corpus.txt").write_text("hello world, " * 2000)
+    monkeypatch.chdir(tmp_path)  # the driver's cwd; Tune starts each trial in a folder of its own
+    spec = parse_spec({**SPEC, "data": {"text": "corpus.txt", "seq_len": 16},
+                       "grid": {**SPEC["grid"], "optimizer": [{"name": "adam", "lr": 3e-3}]}})
+    outcome = run_sweep(spec, expand(spec), "r")
+    assert outcome.failed == [] and outcome.missing == []
+    assert ResultsStore(tmp_path / "r", spec.name).read("runs")["status"].to_list() == ["done"]
+
+
 def test_resources_no_node_has_are_refused_before_anything_starts(tmp_path, local_ray):
     spec = parse_spec({**SPEC, "resources": {"cpu": 64}})
     with pytest.raises(SpecError, match=r"needs cpu=64 gpu=0, but the largest node has cpu=2"):
