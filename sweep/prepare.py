@@ -380,16 +380,6 @@ def partial_dir(out: Path) -> Path:
     return out.parent / f".{out.name}.partial"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def start_partial(out: Path, force: bool, on_event: Callable[[str], None]) -> Path:
     """Check OUT, clear a stale partial folder (naming it), and create a fresh one with our pid."""
     if out.exists():
@@ -401,8 +391,10 @@ def start_partial(out: Path, force: bool, on_event: Callable[[str], None]) -> Pa
             raise PrepareError(f"--out {out}: is a file")
     tmp = partial_dir(out)
     if tmp.exists():
+        from sweep.store import pid_alive
+
         owner = (tmp / ".prepare.pid").read_text().split() if (tmp / ".prepare.pid").exists() else []
-        if len(owner) == 2 and owner[0] == socket.gethostname() and owner[1].isdigit() and _pid_alive(int(owner[1])) \
+        if len(owner) == 2 and owner[0] == socket.gethostname() and owner[1].isdigit() and pid_alive(int(owner[1])) \
                 and int(owner[1]) != os.getpid():
             raise PrepareError(f"--out {out}: another prepare (pid {owner[1]}) is writing {tmp}")
         on_event(f"removing an interrupted prepare: {tmp}")

@@ -329,7 +329,7 @@ class SweepLock:
     @staticmethod
     def stale(rec: dict) -> str | None:
         """Why `rec` no longer holds the sweep (None while it does)."""
-        if rec.get("host") == socket.gethostname() and not _alive(int(rec.get("pid", -1))):
+        if rec.get("host") == socket.gethostname() and not pid_alive(int(rec.get("pid", -1))):
             return f"its process {rec.get('pid')} is gone"
         if rec.get("expires", 0) < time.time():
             return "its lease expired"
@@ -423,7 +423,8 @@ class SweepLock:
         self.release()
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Is process `pid` alive on this host (a stale lock's holder, a partial prepare's writer)?"""
     if pid <= 0:
         return False
     try:
