@@ -250,7 +250,7 @@ def test_bad_corpus_is_refused_before_training(tmp_path, damage, expected):
     r = runner.invoke(app, ["run", str(spec_for(folder, tmp_path)), "--results", str(tmp_path / "results")])
     assert r.exit_code == 2, r.output
     lines = [l for l in r.output.splitlines() if expected in l]
-    assert lines and lines[0].strip().startswith("data:") and "Traceback" not in r.output, r.output
+    assert lines and lines[0].strip().startswith("data.tokens:") and "Traceback" not in r.output, r.output
     assert not (tmp_path / "results").exists()
 
 
