@@ -105,3 +105,10 @@ def test_bad_optimiser_options_exit_2_located(tmp_path, bad, where):
     assert where in result.output, result.output
     assert ("(line 8)" if "precondition" in where else "(line 9)") in result.output
     assert "Traceback" not in result.output and not (tmp_path / "results").exists()
+
+
+def test_error_messages_print_what_they_quote_not_markup(capsys):
+    from sweep.cli import bad_input
+
+    bad_input("`tokenizers` is not installed; pip install 'privileged-bases-sweep[data]'")
+    assert "privileged-bases-sweep[data]" in capsys.readouterr().err
