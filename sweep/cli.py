@@ -161,7 +161,7 @@ def run(
 
     from analysis import storage
     from sweep.launch import run_sweep
-    from sweep.spec import SpecError
+    from sweep.spec import SpecError, line_in
 
     spec, trials = load(spec_path)
     if dry_run:
@@ -185,7 +185,9 @@ def run(
             outcome = run_sweep(spec, trials, results, address=address, max_concurrent=max_concurrent,
                                 on_start=on_start)
     except (SpecError, storage.StorageError) as exc:
-        raise bad_input(str(exc)) from None
+        loc = getattr(exc, "loc", None)  # a resource no node has: point at the spec's line
+        line = line_in(spec_path, loc) if loc else None
+        raise bad_input(f"{spec_path}: {exc}" + (f" (line {line})" if line else "") if loc else str(exc)) from None
     out.print(f"{outcome.launched} trials run, {outcome.skipped} skipped, in {duration(outcome.wall_s)}. "
               f"Results: [bold]{folder}[/]")
     if outcome.launched:

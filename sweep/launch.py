@@ -81,17 +81,30 @@ def _init_ray(address: str | None, num_cpus: int | None):
     return ray
 
 
+def _ray_initialized() -> bool:
+    import ray
+
+    return ray.is_initialized()
+
+
 def check_resources(ray, demands: dict[str, dict[str, float]], *, autoscaling: bool = False) -> None:
     """Fail before starting when a trial asks for more than any node has. On a cluster that may
     autoscale (one we joined) GPU nodes can start at zero: say so on stderr and let them come."""
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
     best = {k: max((n.get(k, 0.0) for n in nodes), default=0.0) for k in ("CPU", "GPU")}
+    _check_against(best, demands, "the largest node has", autoscaling)
+
+
+def _check_against(best: dict[str, float], demands: dict[str, dict[str, float]], where: str,
+                   autoscaling: bool = False) -> None:
     for trial_id, want in demands.items():
         if want["cpu"] > best["CPU"] or want["gpu"] > best["GPU"]:
-            message = (f"resources: trial {trial_id} needs cpu={want['cpu']:g} gpu={want['gpu']:g}, but the "
-                       f"largest node has cpu={best['CPU']:g} gpu={best['GPU']:g}")
+            message = (f"resources: trial {trial_id} needs cpu={want['cpu']:g} gpu={want['gpu']:g}, but "
+                       f"{where} cpu={best['CPU']:g} gpu={best['GPU']:g}")
             if not autoscaling:
-                raise SpecError(message)
+                error = SpecError(message)
+                error.loc = ("resources", "gpu" if want["gpu"] > best["GPU"] else "cpu")  # for the spec's line
+                raise error
             print(f"note: {message} now; waiting for the cluster's autoscaler to add one", file=sys.stderr)
             return
 
@@ -131,12 +144,18 @@ def _run_locked(spec, trials, results, store, address, max_concurrent, num_cpus,
     if not todo:
         return SweepOutcome(len(trials), len(trials), 0, {}, time.perf_counter() - t0, tuple(notes))
 
+    demands = {t.trial_id: spec.resources.for_params(t.params) for t in todo}
+    if not (address or os.environ.get("RAY_ADDRESS")) and not _ray_initialized():
+        # A local Ray gets this machine: refuse what it cannot hold before starting anything.
+        import torch
+
+        local = {"CPU": float(num_cpus or os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}
+        _check_against(local, demands, "this machine has")
     ray = _init_ray(address, num_cpus)
     from ray import tune
 
     from sweep.trainable import run_trial
 
-    demands = {t.trial_id: spec.resources.for_params(t.params) for t in todo}
     check_resources(ray, demands, autoscaling=bool(address or os.environ.get("RAY_ADDRESS")))
 
     def resources(config: dict):

@@ -392,6 +392,15 @@ def parse_spec(data: Any, root: yaml.Node | None = None, source: str = "spec", *
     return spec
 
 
+def line_in(path: str | Path, loc: tuple) -> int | None:
+    """The line of a place (`("resources", "gpu")`) in a spec file that already loaded."""
+    loader = SpecLoader(Path(path).read_text())
+    try:
+        return _line_of(loader.get_single_node(), loc)
+    finally:
+        loader.dispose()
+
+
 def unprepared(spec: SweepSpec) -> bool:
     """The spec's token corpus folder is not prepared yet, and its stated vocab_size sizes the
     models (a missing .bin/.npy file is a wrong path, not a corpus still to prepare)."""

@@ -112,3 +112,17 @@ def test_error_messages_print_what_they_quote_not_markup(capsys):
 
     bad_input("`tokenizers` is not installed; pip install 'privileged-bases-sweep[data]'")
     assert "privileged-bases-sweep[data]" in capsys.readouterr().err
+
+
+def test_resources_this_machine_cannot_hold_are_refused_at_their_line_before_ray(tmp_path):
+    import ray
+
+    spec = tmp_path / "g.yaml"
+    spec.write_text("name: g\ndata: {seq_len: 16}\ntrain: {steps: 2, batch_size: 2, eval_batch: {sequences: 2}}\n"
+                    "grid:\n  model: [{d_model: 16, n_layers: 1, n_heads: 1}]\n  optimizer: [{name: adam, lr: 1.0e-3}]\n"
+                    "resources:\n  cpu: 1\n  gpu: 1000\n")
+    assert not ray.is_initialized()
+    r = CliRunner().invoke(app, ["run", str(spec), "--results", str(tmp_path / "r")])
+    assert r.exit_code == 2, r.output
+    assert "needs cpu=1 gpu=1000, but this machine has" in r.output and "(line 9)" in r.output, r.output
+    assert not ray.is_initialized() and not (tmp_path / "r").exists()
