@@ -6,6 +6,7 @@ from __future__ import annotations
 import polars as pl
 
 from analysis._stats import t_critical
+from analysis.schema import FINISHED
 from analysis.load import LABEL_COLUMNS, Results
 from analysis.query_base import (
     SORT, Source, group_keys, inputs, join_runs, pick_metric, prepare_runs, runs_of, summarise,
@@ -33,7 +34,7 @@ def best_lr(
       (``diverged`` counts the chosen lr's diverged seeds; then the flag says so).
     ``flag`` summarises them in words ("" when the choice is clean)."""
     runs = prepare_runs(runs_of(results))
-    runs = runs.filter(pl.col("status").is_in(["done", "diverged"]))
+    runs = runs.filter(pl.col("status").is_in(FINISHED))
     ladders = runs.group_by("tuning_id").agg(lrs=pl.col("lr").unique().sort())
     div = runs.group_by("config_id").agg(diverged=(pl.col("status") == "diverged").sum().cast(pl.Int64))
     done = runs.filter(pl.col("status") == "done")

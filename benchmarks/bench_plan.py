@@ -1,4 +1,4 @@
-"""`sweep plan` on a 10,000-trial grid (DESIGN.md budget: under 2 s).
+"""`sweep plan` on a 10,000-trial grid (budget: under 1 s).
 
     python benchmarks/bench_plan.py
 

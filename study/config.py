@@ -8,6 +8,7 @@ fields that change a result; `runtime` (device, threads, compile) is excluded.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import json
 import math
@@ -85,8 +86,8 @@ class _Frozen(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _strict_numbers(cls, value: Any, info: ValidationInfo) -> Any:
-        annotation = cls.model_fields[info.field_name].annotation
         for at, v in _numbers(value):
+            annotation = cls.__pydantic_fields__[info.field_name].annotation  # looked up only for numbers
             if isinstance(v, bool) and not _allows(annotation, bool):
                 raise FieldError(at, "expected a number, not a boolean")
             if abs(v) > INT64_MAX and (isinstance(v, int) or not _allows(annotation, float)):
@@ -404,18 +405,26 @@ class TrialConfig(_Frozen):
         payload = self.model_dump(mode="json", exclude={"runtime", "sweep"})
         return json.dumps(payload, sort_keys=True, separators=(",", ":"))
 
-    @property
+    # Cached: a 10,000-trial plan asks each id several times. model_copy drops the cache, since
+    # an update may change what the ids hash.
+    @functools.cached_property
     def trial_id(self) -> str:
         """12-hex-digit hash of science_json()."""
         return hashlib.sha256(self.science_json().encode()).hexdigest()[:12]
 
-    @property
+    @functools.cached_property
     def config_id(self) -> str:
         """12-hex-digit hash of science_json() without the seed: the seeds of one config share
         it, and every seed aggregate groups by it (never by a hand-picked column list)."""
         payload = self.model_dump(mode="json", exclude={"runtime", "sweep", "seed"})
         canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> TrialConfig:
+        copy = super().model_copy(update=update, deep=deep)
+        for cached in ("trial_id", "config_id"):
+            copy.__dict__.pop(cached, None)
+        return copy
 
     # ---- sizes ----------------------------------------------------------------------------
 

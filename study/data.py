@@ -23,6 +23,9 @@ FULL_SCAN_BYTES are hashed (and, for tokens, range-checked against vocab_size) i
 larger memmaps are hashed and range-checked on SCAN_BLOCKS evenly spaced blocks only, which
 the description says ("sampled"). A token beyond a sampled check would only surface later as
 an embedding index error.
+
+Only the batch functions import torch (inside them), so the corpus checks that `sweep plan`
+and the spec loader run before anything starts stay numpy-only and fast.
 """
 
 from __future__ import annotations
@@ -37,11 +40,14 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from study.config import DataConfig, FieldError
+
+if TYPE_CHECKING:
+    import torch
 
 FILE_SEP = 0x1C
 """Byte between files (ASCII 'file separator'; absent from the stdlib sources)."""
@@ -106,6 +112,8 @@ def sample_batch(
     of its state alone. One vectorised gather (`starts[:, None] + arange(T + 1)`), no per-row
     loop; on CUDA the host tensor is pinned and copied non-blocking.
     """
+    import torch
+
     n = len(tokens)
     if n < seq_len + 1:
         raise ValueError(f"token stream has {n} tokens, shorter than seq_len + 1 = {seq_len + 1}")
@@ -137,6 +145,8 @@ def cache_dir() -> Path | None:
 
 
 def _windows(tokens: np.ndarray, starts: np.ndarray, seq_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    import torch
+
     idx = starts[:, None] + np.arange(seq_len + 1)  # (B, T+1)
     chunk = torch.from_numpy(tokens[idx].astype(np.int64))  # one gather, one copy
     x, y = chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()  # (B, T) each

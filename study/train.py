@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -29,6 +29,9 @@ from study.model import Transformer
 from study.optim import build_optimizer
 from study.quant import quant_rows, quantised_losses
 from study.rotation import generator_for
+
+if TYPE_CHECKING:  # the runs-table contract; study does not import analysis at run time
+    from analysis.schema import Status
 
 CHECKPOINT_FILE = "checkpoint.pt"
 
@@ -98,7 +101,7 @@ class MemorySink:
 @dataclass(frozen=True)
 class RunSummary:
     trial_id: str
-    status: str  # done | diverged
+    status: Status  # "done" or "diverged" here; a worker that fails writes "failed"
     steps: int
     tokens: int
     final_train_loss: float

@@ -97,6 +97,7 @@ def plan(
                                                        "GPU name); default: cpu, or NVIDIA H200 for GPU specs.")] = None,
 ) -> None:
     """List the grid: trial ids, shapes, parameters, tokens, FLOPs, estimated time, done or not."""
+    from analysis.schema import FINISHED
     from analysis.storage import StorageError
     from sweep.estimate import estimate
     from sweep.spec import unprepared
@@ -135,7 +136,7 @@ def plan(
     out.print(table)
     if not all_rows and len(trials) > 40:
         out.print(f"... {len(trials) - 40} more (--all lists them)")
-    done_n = sum(statuses.get(t.trial_id) in ("done", "diverged") for t in trials)
+    done_n = sum(statuses.get(t.trial_id) in FINISHED for t in trials) if statuses else 0  # ids hash on first use
     unit = f"{est.device.removeprefix('NVIDIA ')}-hours" if gpu else "CPU-thread-hours"
     out.print(f"{done_n}/{len(trials)} done · {human(est.total_flops, 'FLOP')} in all · "
               f"~{duration(est.pending_s)} of trial time left · {est.pending_device_hours:,.0f} {unit} "

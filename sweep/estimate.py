@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from analysis.schema import FINISHED
 from study.config import TrialConfig
 from study.device import peak_flops
 
@@ -106,7 +107,7 @@ def estimate(trials: list[TrialConfig], resources, statuses: dict[str, str], mea
         seconds = flops / rate.flops_per_s
         trial_s.append(seconds)
         total += flops
-        if not statuses or statuses.get(t.trial_id) not in ("done", "diverged"):  # ids cost a hash each
+        if not statuses or statuses.get(t.trial_id) not in FINISHED:  # ids cost a hash each
             pending_s += seconds
             share = want["gpu"] if gpu else want["cpu"]
             pending_hours += seconds * share / 3600

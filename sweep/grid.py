@@ -9,18 +9,22 @@ from sweep.spec import SpecError, SweepSpec, trial_config
 
 
 def expand(spec: SweepSpec) -> list[TrialConfig]:
-    """Every grid point in a stable order (model, optimizer, norm, rotation, seed), each with its
-    trial_id. Two axis entries that describe the same trial are an error, not a silent merge."""
+    """Every grid point in a stable order (model, optimizer, norm, rotation, seed). Two axis
+    entries that describe the same trial are an error, not a silent merge.
+
+    Each combination of the axes is validated once and copied per seed (seeds are distinct
+    integers, checked with the grid), so a 10,000-trial plan validates its few hundred
+    combinations, and ids are hashed when first asked for."""
     g = spec.grid
     trials: list[TrialConfig] = []
     seen: dict[str, int] = {}
-    for i, point in enumerate(itertools.product(g.model, g.optimizer, g.norm, g.rotation, g.seed)):
-        cfg = trial_config(spec, *point)
-        if cfg.trial_id in seen:
-            raise SpecError(f"grid: points {seen[cfg.trial_id]} and {i} are the same trial ({cfg.trial_id}); "
-                            "remove the duplicate axis entry")
-        seen[cfg.trial_id] = i
-        trials.append(cfg)
+    for i, (model, optimizer, norm, rotation) in enumerate(itertools.product(g.model, g.optimizer, g.norm, g.rotation)):
+        first = trial_config(spec, model, optimizer, norm, rotation, g.seed[0])
+        if first.config_id in seen:  # same config, so the same trial at every seed
+            raise SpecError(f"grid: points {seen[first.config_id] * len(g.seed)} and {i * len(g.seed)} are the same "
+                            f"trial ({first.trial_id}); remove the duplicate axis entry")
+        seen[first.config_id] = i
+        trials += [first] + [first.model_copy(update={"seed": seed}) for seed in g.seed[1:]]
     return trials
 
 

@@ -7,9 +7,10 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal
 
 from analysis import storage
+from analysis.schema import UNSUCCESSFUL, Status
 from study.config import TrialConfig
 from sweep.spec import SpecError, SweepSpec
 from sweep.store import ResultsStore, SweepLock
@@ -22,13 +23,14 @@ class SweepOutcome:
     total: int
     skipped: int
     launched: int
-    statuses: dict[str, str]
+    statuses: dict[str, Status | Literal["missing"]]
+    """Each launched trial's runs-table status, or "missing": no runs row at all."""
     wall_s: float
     notes: tuple[str, ...] = ()  # warnings for the user: lock taken over, files quarantined, rows written by the driver
 
     @property
     def failed(self) -> list[str]:
-        return [t for t, s in self.statuses.items() if s in ("failed", "diverged")]
+        return [t for t, s in self.statuses.items() if s in UNSUCCESSFUL]
 
     @property
     def missing(self) -> list[str]:

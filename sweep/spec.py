@@ -486,7 +486,7 @@ def _check_points(spec: SweepSpec, where: _Where):
 
 
 def _check_data(spec: SweepSpec, where: _Where) -> list[str]:
-    from study.data import check_data  # imports torch: only once the spec itself is valid
+    from study.data import check_data  # loads the corpus: only once the spec itself is valid
 
     t = spec.train
     try:

@@ -31,6 +31,16 @@ def test_trial_id_ignores_runtime_and_sweep_but_not_science():
     assert make(optimizer={"name": "adam", "lr": 2e-3}).trial_id != cfg.trial_id
 
 
+def test_ids_of_a_copy_follow_its_fields():
+    # the ids are cached on first use; a copy with other science must not inherit them
+    cfg = make()
+    ids = (cfg.trial_id, cfg.config_id)
+    other = cfg.model_copy(update={"seed": 1, "norm": "rmsnorm"})
+    assert (other.trial_id, other.config_id) == (make(seed=1, norm="rmsnorm").trial_id, make(norm="rmsnorm").config_id)
+    assert other.trial_id != ids[0] and other.config_id != ids[1]
+    assert cfg.model_copy(update={"sweep": "y"}).trial_id == ids[0]
+
+
 @pytest.mark.parametrize("norm,per_norm", [("layernorm", 128), ("rmsnorm", 64), ("rmsnorm_scalar", 1)])
 def test_param_count_formula(norm, per_norm):
     cfg = make(norm=norm)

@@ -1,7 +1,7 @@
 import pytest
 
 from sweep.grid import expand, select
-from sweep.spec import SpecError, parse_spec
+from sweep.spec import SpecError, parse_spec, trial_config
 
 SPEC = {
     "name": "t",
@@ -23,6 +23,15 @@ def test_expand_is_the_cartesian_product_with_stable_unique_ids():
     assert len(set(ids)) == len(ids)
     assert ids == [t.trial_id for t in expand(parse_spec(SPEC))]
     assert all(t.sweep == "t" for t in trials)
+
+
+def test_each_seed_equals_its_point_validated_from_scratch():
+    # expand validates a combination once and copies it per seed: the copies must be the trials
+    spec = parse_spec({**SPEC, "grid": {**SPEC["grid"], "seed": [0, 3, 7]}})
+    for t in expand(spec):
+        fresh = trial_config(spec, t.model, t.optimizer, t.norm, t.rotation, t.seed)
+        assert t == fresh and t.runtime == fresh.runtime
+        assert (t.trial_id, t.config_id, t.science_json()) == (fresh.trial_id, fresh.config_id, fresh.science_json())
 
 
 def test_adding_a_seed_keeps_existing_ids():

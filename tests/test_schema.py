@@ -8,7 +8,7 @@ from analysis.load import RUNS_SCHEMA as LOAD_RUNS
 from analysis.schema import ARROW, SCHEMAS, TABLES
 from study.config import TrialConfig
 from study.train import RunSummary, run_row
-from sweep.store import SCHEMAS as STORE_SCHEMAS
+from sweep.store import ResultsStore
 
 BASE = {
     "model": {"d_model": 16, "n_layers": 2, "n_heads": 2},
@@ -21,9 +21,11 @@ def cfg(**changes) -> TrialConfig:
     return TrialConfig.model_validate({**BASE, **changes})
 
 
-def test_store_and_analysis_share_one_declaration():
-    assert STORE_SCHEMAS is ARROW
+def test_store_and_analysis_share_one_declaration(tmp_path):
     assert LOAD_RUNS == SCHEMAS["runs"]
+    store = ResultsStore(str(tmp_path), "s")
+    for t in TABLES:  # an empty table reads with the contract's columns and types
+        assert dict(store.read(t).schema) == SCHEMAS[t]
     for t in TABLES:
         assert list(SCHEMAS[t]) == ARROW[t].names
         # The polars view round-trips to the same arrow types (no silent widening).

@@ -140,3 +140,15 @@ def test_plan_may_size_a_corpus_not_prepared_yet_but_run_may_not(tmp_path):
     bad = text.replace(", vocab_size: 50304", "")  # nothing to size the models with: still refused
     with pytest.raises(SpecError, match="no such folder"):
         load_spec(write(tmp_path, bad), unprepared_ok=True)
+
+
+def test_checking_a_spec_and_its_corpus_does_not_import_torch():
+    # `sweep plan` and every check before a run stay fast: torch (~0.5 s to import) loads only to train
+    import subprocess
+    import sys
+
+    spec = Path(__file__).parent.parent / "specs" / "laptop.yaml"
+    code = ("import sys; from sweep.grid import expand; from sweep.spec import load_spec; "
+            f"expand(load_spec({str(spec)!r})); print(sorted(m for m in ('torch', 'pandas') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

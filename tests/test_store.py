@@ -1,6 +1,7 @@
 import polars as pl
 
-from sweep.store import SCHEMAS, ResultsStore
+from analysis.schema import ARROW
+from sweep.store import ResultsStore
 
 
 def metric_rows(steps):
@@ -27,7 +28,7 @@ def test_parts_are_plain_parquet_globs(tmp_path):
     sink.run({"trial_id": "abc123", "sweep": "s", "status": "done", "d_model": 8})
     metrics = pl.scan_parquet(str(tmp_path / "s" / "metrics" / "*.parquet")).collect()
     assert metrics.height == 6 and metrics["trial_id"].unique().to_list() == ["abc123"]
-    assert set(metrics.columns) == set(SCHEMAS["metrics"].names)
+    assert set(metrics.columns) == set(ARROW["metrics"].names)
     curves = pl.read_parquet(tmp_path / "s" / "curves" / "*.parquet")
     assert curves["val_loss"].dtype == pl.Float64 and curves["val_loss"].null_count() == 10
     assert store.read("checks")["value"].to_list() == [1e-12]
