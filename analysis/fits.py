@@ -195,22 +195,26 @@ def compare_exponents(
     groups: str | None = None,
     seeds: str | None = None,
     confidence: float = 0.95,
+    memo: dict[tuple[Any, int], PowerLawFit | ValueError] | None = None,
 ) -> ExponentComparison:
     """Does the exponent of rows with ``group_col == b`` differ from that of ``group_col == a``?
 
     E.g. ``compare_exponents(per_trial_df, "params_non_embedding", "value", "optimizer",
     "sgd", "adam", offset=3)``. Filter ``df`` to one norm / rotation first. Raises
-    ``ValueError`` (from ``fit_power_law``) when either side cannot be fitted."""
+    ``ValueError`` (from ``fit_power_law``) when either side cannot be fitted. ``memo``, a dict
+    the caller keeps across calls on the same frame and settings, reuses each side's fit (the
+    same numbers: side a always draws the first bootstrap stream, b the second)."""
     frame = df.lazy().collect() if isinstance(df, pl.LazyFrame) else df
     streams = np.random.SeedSequence(seed).spawn(2)
+    memo = {} if memo is None else memo
     fits = []
-    for label, ss in zip((a, b), streams, strict=True):
-        part = frame.filter((pl.col(group_col) == label) & pl.col(x).is_not_null() & pl.col(y).is_not_null())
-        if part.height == 0:
-            raise ValueError(f"no rows with {group_col} == {label!r}")
-        try:
-            fits.append(
-                fit_power_law(
+    for side, (label, ss) in enumerate(zip((a, b), streams, strict=True)):
+        if (label, side) not in memo:
+            part = frame.filter((pl.col(group_col) == label) & pl.col(x).is_not_null() & pl.col(y).is_not_null())
+            try:
+                if part.height == 0:
+                    raise ValueError(f"no rows with {group_col} == {label!r}")
+                memo[label, side] = fit_power_law(
                     part.get_column(x).to_numpy(),
                     part.get_column(y).to_numpy(),
                     offset=offset,
@@ -220,9 +224,12 @@ def compare_exponents(
                     seeds=part.get_column(seeds).to_numpy() if seeds else None,
                     confidence=confidence,
                 )
-            )
-        except ValueError as e:
-            raise ValueError(f"{group_col} == {label!r}: {e}") from e
+            except ValueError as e:
+                memo[label, side] = e if part.height == 0 else ValueError(f"{group_col} == {label!r}: {e}")
+        fit = memo[label, side]
+        if isinstance(fit, ValueError):
+            raise fit
+        fits.append(fit)
     fa, fb = fits
     if fa.seed_exponents.size >= 2 and fb.seed_exponents.size >= 2:
         return _welch(str(a), str(b), fa, fb, confidence)

@@ -28,6 +28,7 @@ from analysis import storage
 from analysis.load import Results, load
 from analysis.report_build import build
 from analysis.report_fits import DEFAULT_FITS, FitSpec
+from analysis.vega_workers import VegaWorkers
 
 __all__ = ["DEFAULT_FITS", "FitSpec", "ReportResult", "write_report"]
 
@@ -87,10 +88,15 @@ def write_report(
         results = load(path)  # type: ignore[arg-type]
     out_dir = os.fspath(out) if out is not None else f"{results.path}/report"
     writer = _Writer(out_dir)
-    c = build(
-        results, x=x, fit_specs=fit_specs, n_boot=n_boot, seed=seed, confidence=confidence,
-        onset_threshold=onset_threshold, say=say,
-    )  # fmt: skip
+    # Started now, the render processes warm up while the numbers are computed, then draw each
+    # chart while the next is computed (vl-convert holds the GIL: threads would not overlap)
+    with VegaWorkers(formats, png_scale, render.vl_version()) as workers:
+        c = build(
+            results, x=x, fit_specs=fit_specs, n_boot=n_boot, seed=seed, confidence=confidence,
+            onset_threshold=onset_threshold, say=say, on_chart=workers.submit,
+        )  # fmt: skip
+        say(f"rendering {len(c.charts)} charts ({', '.join(formats)}) on {max(1, len(workers.procs))} processes")
+        rendered = render.render_charts(c.charts, formats, png_scale, workers)
     rep = ReportResult(
         out=out_dir, index=writer.uri("index.html"), captions=c.captions, fits=c.fits, skipped=c.skipped,
         comparisons=c.comparisons, best_lr=c.best_lr, notes=c.notes, n_runs=c.n_runs, n_done=c.n_done,
@@ -99,8 +105,6 @@ def write_report(
 
     if c.onsets is not None:
         rep.files.append(writer.write("onset.csv", c.onsets.write_csv().encode()))
-    say(f"rendering {len(c.charts)} charts ({', '.join(formats)})")
-    rendered = render.render_charts(c.charts, formats, png_scale)
     for name, files in rendered.items():
         rep.charts[name] = [writer.write(f"{name}.{fmt}", files[fmt]) for fmt in formats]
         rep.files += rep.charts[name]

@@ -61,10 +61,12 @@ def build(
     confidence: float = 0.95,
     onset_threshold: float = 3.5,
     say: Callable[[str], None] = lambda _msg: None,
+    on_chart: Callable[[str, Any], None] = lambda _name, _chart: None,
 ) -> ReportContent:
-    """Compute the report's content from ``results`` (see ``report.write_report``)."""
+    """Compute the report's content from ``results`` (see ``report.write_report``).
+    ``on_chart(name, chart)`` is called as each chart is ready (to start rendering it)."""
     c = ReportContent(name=results.name, path=results.path, x=x)
-    built: dict[str, tuple[Any, str]] = {}  # name -> (chart, caption)
+    built = _Built(on_chart)  # name -> (chart, caption)
     # ---- runs: what finished, what did not (ids derived once, see analysis.identity)
     runs = queries.runs_table(results.runs.collect(), status=None).collect()
     results = dataclasses.replace(results, runs=runs.lazy())
@@ -294,6 +296,18 @@ def build(
     c.charts = {name: chart for name, (chart, _) in built.items()}
     c.captions = {name: caption for name, (_, caption) in built.items()}
     return c
+
+
+class _Built(dict):
+    """The charts built so far, name -> (chart, caption); tells ``on_chart`` of each."""
+
+    def __init__(self, on_chart: Callable[[str, Any], None]) -> None:
+        super().__init__()
+        self.on_chart = on_chart
+
+    def __setitem__(self, name: str, chart_and_caption: tuple[Any, str]) -> None:
+        super().__setitem__(name, chart_and_caption)
+        self.on_chart(name, chart_and_caption[0])
 
 
 _BEST_COLUMNS = (

@@ -94,6 +94,7 @@ def compare_lines(
     order = list(dict.fromkeys(["sgd", *charts.OPTIMIZER_COLORS]))
     rank = {o: i for i, o in enumerate(order)}
     rows = []
+    memo: dict[Any, Any] = {}  # each line's fit, reused across its pairs
     for key, group in (info.partition_by(strata, as_dict=True) if strata else {(): info}).items():
         lines = sorted(group.iter_rows(named=True), key=lambda r: (rank.get(r["optimizer"], 99), r["config"]))
         for i, ra in enumerate(lines):
@@ -103,7 +104,7 @@ def compare_lines(
                 try:
                     c = fits.compare_exponents(
                         per, x, "value", line, ra[line], rb[line], offset=spec.offset, n_boot=n_boot,
-                        seed=seed, seeds="seed", confidence=confidence,
+                        seed=seed, seeds="seed", confidence=confidence, memo=memo,
                     )  # fmt: skip
                 except ValueError:
                     continue

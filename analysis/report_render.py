@@ -19,6 +19,7 @@ import polars as pl
 
 from analysis.charts import AXIS_TITLES, format_count
 from analysis.load import config_label
+from analysis.vega_workers import VECTOR, VegaWorkers, render_spec
 
 if TYPE_CHECKING:
     from analysis.report_build import ReportContent
@@ -190,7 +191,8 @@ def fits_latex(fits: pl.DataFrame, confidence: float) -> str:
 # ---------------------------------------------------------------- charts
 
 
-def _vl_version() -> str | None:
+def vl_version() -> str | None:
+    """The Vega-Lite version Altair writes, where vl-convert has it (else its default)."""
     import altair as alt
     import vl_convert as vlc
 
@@ -198,34 +200,28 @@ def _vl_version() -> str | None:
     return v if v in vlc.get_vegalite_versions() else None
 
 
-def _render(chart: Any, formats: Sequence[str], png_scale: float, vl: str | None) -> dict[str, bytes]:
-    """One chart in svg and each of ``formats``: Vega renders the SVG once; PNG and PDF are
-    converted from it (what vl-convert's own PNG/PDF paths do, without rendering again)."""
-    import vl_convert as vlc
-
-    spec = chart.to_dict(validate=False)  # the builders are validated by the tests; this is 1-2 s on 10M rows
-    svg = str(vlc.vegalite_to_svg(spec, vl_version=vl))
-    out = {"svg": svg.encode()}
-    for fmt in formats:
-        if fmt == "png":
-            out[fmt] = bytes(vlc.svg_to_png(svg, scale=png_scale))
-        elif fmt == "pdf":
-            out[fmt] = bytes(vlc.svg_to_pdf(svg))
-        elif fmt == "html":
-            out[fmt] = str(chart.to_html(inline=True)).encode()
-        elif fmt == "json":
-            out[fmt] = json.dumps(spec, indent=1).encode()
-        elif fmt != "svg":
-            raise ValueError(f"unknown format {fmt}")
-    return out
-
-
-def render_charts(charts: dict[str, Any], formats: Sequence[str], png_scale: float) -> dict[str, dict[str, bytes]]:
+def render_charts(charts: dict[str, Any], formats: Sequence[str], png_scale: float,
+                  workers: VegaWorkers | None = None) -> dict[str, dict[str, bytes]]:
     """``{name: {format: bytes}}`` for every chart in ``formats`` plus svg (inlined in the
-    index). One chart after another: vl-convert renders on one worker, so a thread pool over
-    charts measured no faster (notes/h11-house.md)."""
-    vl = _vl_version()
-    return {name: _render(chart, formats, png_scale, vl) for name, chart in charts.items()}
+    index). svg/png/pdf from ``workers`` (charts it was not given yet are submitted now), or
+    rendered in this process when there are none; html and json from the chart here."""
+    bad = [f for f in formats if f not in (*VECTOR, "html", "json")]
+    if bad:
+        raise ValueError(f"unknown format(s) {bad}")
+    if workers is None:
+        vl = vl_version()
+        files = {name: render_spec(chart.to_dict(validate=False), formats, png_scale, vl)
+                 for name, chart in charts.items()}  # fmt: skip
+    else:
+        for name in charts.keys() - workers.specs.keys():
+            workers.submit(name, charts[name])
+        files = workers.collect()
+    for name, chart in charts.items():
+        if "html" in formats:
+            files[name]["html"] = str(chart.to_html(inline=True)).encode()
+        if "json" in formats:
+            files[name]["json"] = json.dumps(chart.to_dict(validate=False), indent=1).encode()
+    return {name: files[name] for name in charts}
 
 
 # ---------------------------------------------------------------- index.html

@@ -129,8 +129,8 @@ import resource, sys, tempfile, time
 from analysis.report import write_report
 t = time.perf_counter()
 write_report(sys.argv[1], tempfile.mkdtemp(), formats=tuple(sys.argv[2].split(",")), n_boot=int(sys.argv[3]))
-u = resource.getrusage(resource.RUSAGE_SELF)
-print(time.perf_counter() - t, u.ru_utime + u.ru_stime)
+u, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+print(time.perf_counter() - t, u.ru_utime + u.ru_stime + c.ru_utime + c.ru_stime)  # + the render workers
 """
 
 
@@ -146,7 +146,9 @@ def side_by_side(store: Path, against: Path, repeat: int, formats: str, n_boot: 
         for name, path in sides.items():
             env = {**os.environ, "PYTHONPATH": os.pathsep.join([path, str(REPO / "tests")])}
             done = subprocess.run(
-                [sys.executable, "-c", _ONE_RUN, str(store), formats, str(n_boot)],
+                # -P: `python -c` would put the working directory (this checkout) ahead of
+                # PYTHONPATH, and the old side would run the new code
+                [sys.executable, "-P", "-c", _ONE_RUN, str(store), formats, str(n_boot)],
                 env=env, capture_output=True, text=True, check=True,
             )  # fmt: skip
             wall, cpu = map(float, done.stdout.split()[-2:])

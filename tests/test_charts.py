@@ -127,6 +127,19 @@ def test_optimizer_colours_are_the_same_in_every_chart(built, messy_built) -> No
         assert colours["sgd"] == charts.OPTIMIZER_COLORS["sgd"] == "#0072B2"
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_each_reference_line_is_drawn_once_per_panel(messy_built, tmp_path: Path, name: str) -> None:
+    # a constant rule bound to the chart's rows draws one identical line per row: a bloated SVG
+    # and, in PNGs, a darker line (antialiased edges stacking), so each must be drawn once
+    import re
+
+    messy_built[name].save(tmp_path / f"{name}.svg")
+    svg = (tmp_path / f"{name}.svg").read_text()
+    groups = re.findall(r'<g class="mark-rule role-mark[^"]*"[^>]*>(.*?)</g>', svg)
+    dashed = [g for g in groups if 'stroke-dasharray="3,3"' in g or 'stroke-dasharray="1,2"' in g]
+    assert all(g.count("<line") == 1 for g in dashed), [g.count("<line") for g in dashed]
+
+
 def test_axis_titles_and_reference_rule(built) -> None:
     layer = json.dumps(built["kurtosis_by_layer"].to_dict())
     assert "Kurtosis (Gaussian = 3)" in layer

@@ -122,11 +122,14 @@ def log_axis(values: Sequence[float | None], max_ticks: int = 6) -> alt.Axis:
     return alt.Axis(values=ticks, format="~s", labelExpr=SI_LABEL, grid=True)
 
 
-def reference_rule(reference: float) -> alt.Chart:
+def reference_rule(value: float, axis: str = "y", color: str = "#555555", dash: Sequence[int] = (3, 3)) -> alt.Chart:
+    """A constant line at ``value`` on ``axis``, drawn once per panel. ``alt.datum`` alone draws
+    it once per data row: 4,422 identical lines per rule in a 10M-row report's SVG."""
     return (
         alt.Chart()
-        .mark_rule(color="#555555", strokeDash=[3, 3], strokeWidth=1)
-        .encode(y=alt.datum(reference))
+        .mark_rule(color=color, strokeDash=list(dash), strokeWidth=1)
+        .encode(**{axis: alt.datum(value)})
+        .transform_aggregate(rows="count()")  # one row per panel
     )
 
 

@@ -71,10 +71,7 @@ def metric_over_training(
         df, x, metric_title(metric), AXIS_TITLES.get(x, x), log_y, reference, log_x=log_x
     )
     if threshold is not None:
-        layers.append(
-            alt.Chart().mark_rule(color="#222222", strokeDash=[1, 2], strokeWidth=1)
-            .encode(y=alt.datum(threshold))
-        )  # fmt: skip
+        layers.append(reference_rule(threshold, color="#222222", dash=(1, 2)))
     if onsets is not None and threshold is not None:
         on, _ = pick_size(as_frame(onsets), size)
         on = decorate(on.filter(pl.col("mean").is_not_null()), facet)

@@ -129,8 +129,5 @@ def _xy_layers(
     if reference is not None:
         layers.append(reference_rule(reference))
     if x_reference is not None:
-        layers.append(
-            alt.Chart().mark_rule(color="#555555", strokeDash=[3, 3], strokeWidth=1)
-            .encode(x=alt.datum(x_reference))
-        )  # fmt: skip
+        layers.append(reference_rule(x_reference, axis="x"))
     return layers
