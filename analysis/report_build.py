@@ -99,8 +99,13 @@ def build(
     say("scanning metrics")
     needed = sorted({"kurtosis", "quant_loss_delta", *(s.metric for s in fit_specs if s.site is not None)})
     used = results.metrics.filter(pl.col("metric").is_in(needed)).collect() if c.n_done else None
+    history = results  # every eval step: the over-training chart and the onsets
     if used is not None:
-        results = dataclasses.replace(results, metrics=used.lazy())
+        history = dataclasses.replace(results, metrics=used.lazy())
+        # Every other view reads each series at its final step (queries' default): keep those
+        # rows only (~1/steps of them), the same rows at_step picks per metric, site and basis
+        last = pl.col("step") == pl.col("step").max().over("trial_id", "metric", "site", "basis")
+        results = dataclasses.replace(results, metrics=used.filter(last).lazy())
     have = set(used.select("site", "basis", "metric").unique().iter_rows()) if used is not None else set()
 
     fit_tables: list[pl.DataFrame] = []
@@ -118,6 +123,7 @@ def build(
         # ---- best lr: the main charts and fits show one lr per optimiser, size, norm, rotation
         c.best_lr = selection.best_lr(results, confidence=confidence)
         main = selection.best_lr_results(results, c.best_lr)
+        main_history = selection.best_lr_results(history, c.best_lr)
         tuned = bool(c.best_lr.height) and int(c.best_lr.get_column("n_lrs").max()) > 1
         shown = (
             "best-lr points (per optimiser, size, norm and rotation, the lr with the lowest "
@@ -140,8 +146,8 @@ def build(
                 f"mean over seeds with {confidence:.0%} t-intervals; {shown}. Dashed: Gaussian (3).",
             )
             say("kurtosis over training")
-            over = queries.metric_over_training(main, "kurtosis", confidence=confidence).collect()
-            onsets = selection.onset(main, threshold=onset_threshold, confidence=confidence).collect()
+            over = queries.metric_over_training(main_history, "kurtosis", confidence=confidence).collect()
+            onsets = selection.onset(main_history, threshold=onset_threshold, confidence=confidence).collect()
             built["kurtosis_over_training"] = (
                 charts.metric_over_training(
                     over, facet=facet, size=None, threshold=onset_threshold, onsets=onsets,
