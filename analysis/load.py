@@ -268,7 +268,7 @@ def _scan(
     ones inserted as nulls), plus any extra columns the first file has (new grid axes)."""
     if not found:
         return pl.LazyFrame(schema=contract)
-    if not storage_options and "://" not in uris[0]:
+    if storage.scheme(uris[0]) is None:
         first = pl.read_parquet_schema(uris[0])  # local: polars reads the footer directly
     else:
         import pyarrow.parquet as pq

@@ -99,7 +99,7 @@ def plan(
     """List the grid: trial ids, shapes, parameters, tokens, FLOPs, estimated time, done or not."""
     from analysis.schema import FINISHED
     from analysis.storage import StorageError
-    from sweep.estimate import estimate
+    from sweep.estimate import estimate, measured_flops_per_s
     from sweep.spec import unprepared
 
     spec, trials = load(spec_path, unprepared_ok=True)  # plan before `sweep data prepare` has run
@@ -112,14 +112,9 @@ def plan(
     except StorageError as exc:  # a damaged runs file, named
         raise bad_input(str(exc)) from None
     statuses = dict(zip(runs["trial_id"].to_list(), runs["status"].to_list()))
-    flops_per_s = None
-    if runs.height:
-        done = runs.filter(runs["status"] == "done")
-        if done.height:  # measured throughput of this machine/cluster, FLOP/s, median over runs
-            flops_per_s = float((done["flops_per_token"] * done["tokens_per_s"]).median())
     gpu = spec.resources.gpu > 0 or any(o.gpu > 0 for o in spec.resources.by_size) or spec.device.startswith("cuda")
     try:
-        est = estimate(trials, spec.resources.for_params, statuses, flops_per_s, gpu, device)
+        est = estimate(trials, spec.resources.for_params, statuses, measured_flops_per_s(runs), gpu, device)
     except ValueError as exc:
         raise bad_input(str(exc)) from None
     table = Table(title=f"{spec.name}: {len(trials)} trials", show_lines=False)

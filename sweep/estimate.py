@@ -89,6 +89,15 @@ def table_rate(table: dict, device: str, params: int, threads: int = 1) -> Rate:
     raise AssertionError("unreachable")
 
 
+def measured_flops_per_s(runs) -> float | None:
+    """FLOP/s this sweep's finished runs sustained (median of flops_per_token x tokens_per_s over
+    the done rows of a runs DataFrame), or None before any finished."""
+    done = runs.filter(runs["status"] == "done")
+    if not done.height:
+        return None
+    return float((done["flops_per_token"] * done["tokens_per_s"]).median())
+
+
 def estimate(trials: list[TrialConfig], resources, statuses: dict[str, str], measured_flops_per_s: float | None,
              gpu: bool, device: str | None = None, table: dict | None = None) -> Estimate:
     """Per-trial time and the totals. `resources(params) -> {"cpu", "gpu"}` gives each trial's share."""

@@ -77,3 +77,14 @@ def test_plan_prints_the_figures_in_the_spec_header(tmp_path, monkeypatch, name)
     header_count = re.search(r"= (\d+) trials", spec.read_text())
     assert header_count and int(header_count.group(1)) == n and f"{n} trials" in flat
     assert math.isfinite(n)
+
+
+def test_measured_rate_is_the_median_over_done_runs():
+    import polars as pl
+
+    from sweep.estimate import measured_flops_per_s
+
+    runs = pl.DataFrame({"status": ["done", "done", "failed", "done"], "flops_per_token": [1e6, 2e6, 1e9, 1e6],
+                         "tokens_per_s": [1e3, 1e3, 1e3, 3e3]})
+    assert measured_flops_per_s(runs) == 2e9  # median of 1e9, 2e9, 3e9; the failed run ignored
+    assert measured_flops_per_s(runs.filter(pl.col("status") == "failed")) is None
