@@ -276,3 +276,21 @@ def test_configs_differing_in_momentum_are_separate_lines(twins) -> None:  # noq
     spec = json.dumps(charts.metric_vs_params(table, None, facet="rotation", connect=True).to_dict())
     assert "Momentum" in spec and '"0.5"' in spec and '"0.9"' in spec
     assert "rotation: groups[[0,1],[2,3]]" in spec
+
+
+def test_a_size_is_a_shape_whatever_the_norm_adds() -> None:
+    # LayerNorm's gains give a model a few more parameters than the rmsnorm_scalar model of the
+    # same shape; "largest" must keep both norms, and one row per size must not split them
+    from analysis.charts.frames import pick_size
+
+    df = pl.DataFrame({
+        "norm": ["layernorm", "rmsnorm_scalar", "layernorm", "rmsnorm_scalar"],
+        "d_model": [64, 64, 128, 128], "n_layers": [4, 4, 4, 4],
+        "params_non_embedding": [199_296, 196_736, 788_736, 786_176], "mean": [3.0, 3.1, 5.0, 4.9],
+    })  # fmt: skip
+    largest, note = pick_size(df, "largest")
+    assert sorted(largest["norm"]) == ["layernorm", "rmsnorm_scalar"] and set(largest["d_model"]) == {128}
+    assert note == "786k-789k non-embedding params (largest)"
+    every, _ = pick_size(df, None)
+    assert every.group_by("size").len().height == 2
+    assert pick_size(df, 196_736)[0]["d_model"].to_list() == [64, 64]

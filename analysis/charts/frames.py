@@ -60,29 +60,33 @@ def size_column(df: pl.DataFrame) -> str | None:
 
 
 def pick_size(df: pl.DataFrame, size: SizeChoice) -> tuple[pl.DataFrame, str | None]:
+    """One model size (``size``: "largest", "smallest", a value of the size column) or, for
+    None, every size with a ``size`` label column; and a note naming it. A size is a model
+    shape (d_model x n_layers) where the frame has one: a LayerNorm model has a few more
+    parameters than the rmsnorm_scalar model of the same shape, and both are the same size."""
     col = size_column(df)
     if col is None or df.height == 0:
         return df, None
-    sizes = sorted(v for v in df.get_column(col).unique().to_list() if v is not None)
     unit = "non-embedding params" if col == "params_non_embedding" else col.replace("_", " ")
-    if size is None or len(sizes) <= 1:
-        df = df.with_columns(
-            size=pl.col(col).map_elements(
-                lambda v: f"{format_count(v)} {unit}", return_dtype=pl.String
-            )
-        )
-        note = f"{format_count(sizes[0])} {unit}" if len(sizes) == 1 else None
-        return df, note
-    if size == "largest":
-        pick = sizes[-1]
-    elif size == "smallest":
-        pick = sizes[0]
+    shape = [c for c in ("d_model", "n_layers") if c in df.columns and c != col] or [col]
+    sizes = df.group_by(shape).agg(lo=pl.col(col).min(), hi=pl.col(col).max()).drop_nulls("hi").sort("hi", "lo")
+    sizes = sizes.with_columns(
+        size=pl.struct("lo", "hi").map_elements(
+            lambda r: f"{format_count(r['hi'])} {unit}" if r["lo"] == r["hi"]
+            else f"{format_count(r['lo'])}-{format_count(r['hi'])} {unit}", return_dtype=pl.String)
+    ).drop("lo", "hi")  # fmt: skip
+    if size is None or sizes.height <= 1:
+        note = sizes.get_column("size")[0] if sizes.height == 1 else None
+        return df.join(sizes, on=shape, how="left", nulls_equal=True), note
+    if size in ("largest", "smallest"):
+        pick = sizes.row(-1 if size == "largest" else 0, named=True)
     else:
-        if size not in sizes:
-            raise ValueError(f"size {size} not among {col} values {sizes}")
-        pick = size
-    note = f"{format_count(pick)} {unit}" + (" (largest)" if size == "largest" else "")
-    return df.filter(pl.col(col) == pick), note
+        values = sorted(v for v in df.get_column(col).unique().to_list() if v is not None)
+        if size not in values:
+            raise ValueError(f"size {size} not among {col} values {values}")
+        pick = df.filter(pl.col(col) == size).join(sizes, on=shape).row(0, named=True)
+    note = pick["size"] + (" (largest)" if size == "largest" else "")
+    return df.join(sizes.filter(pl.col("size") == pick["size"]).select(shape), on=shape, how="semi"), note
 
 
 def decorate(df: pl.DataFrame, facet: str | None) -> pl.DataFrame:
