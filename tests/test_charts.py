@@ -102,21 +102,24 @@ def test_messy_sweep_charts_build(messy_built, tmp_path: Path, name: str) -> Non
         assert "facet" in spec  # two norms (or sizes): one panel each
 
 
+def _nodes(spec: object):
+    """Every dict in a Vega-Lite spec (layers, facets, encodings), the inline datasets skipped."""
+    if isinstance(spec, dict):
+        yield spec
+        for k, v in spec.items():
+            if k != "datasets":
+                yield from _nodes(v)
+    elif isinstance(spec, list):
+        for v in spec:
+            yield from _nodes(v)
+
+
 def _colour_map(spec: dict) -> dict[str, str]:
     found: dict[str, str] = {}
-
-    def walk(node: object) -> None:
-        if isinstance(node, dict):
-            scale = node.get("scale")
-            if node.get("field") == "optimizer" and isinstance(scale, dict) and "range" in scale:
-                found.update(zip(scale["domain"], scale["range"], strict=True))
-            for v in node.values():
-                walk(v)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v)
-
-    walk(spec)
+    for node in _nodes(spec):
+        scale = node.get("scale")
+        if node.get("field") == "optimizer" and isinstance(scale, dict) and "range" in scale:
+            found.update(zip(scale["domain"], scale["range"], strict=True))
     return found
 
 
@@ -205,21 +208,11 @@ def test_palette_helpers() -> None:
 def _marks(spec: dict) -> dict[str, list[dict[str, str | None]]]:
     """{mark type: [{channel: field}, ...]} over every layer and facet of a spec."""
     found: dict[str, list[dict[str, str | None]]] = {}
-
-    def walk(node: object) -> None:
-        if isinstance(node, dict):
-            if "mark" in node:
-                mark = node["mark"] if isinstance(node["mark"], str) else node["mark"]["type"]
-                enc = {k: v.get("field") for k, v in node.get("encoding", {}).items() if isinstance(v, dict)}
-                found.setdefault(mark, []).append(enc)
-            for k, v in node.items():
-                if k != "datasets":
-                    walk(v)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v)
-
-    walk(spec)
+    for node in _nodes(spec):
+        if "mark" in node:
+            mark = node["mark"] if isinstance(node["mark"], str) else node["mark"]["type"]
+            enc = {k: v.get("field") for k, v in node.get("encoding", {}).items() if isinstance(v, dict)}
+            found.setdefault(mark, []).append(enc)
     return found
 
 
