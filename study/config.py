@@ -15,7 +15,7 @@ import math
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -83,6 +83,11 @@ class _Frozen(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
+    id_optional: ClassVar[tuple[str, ...]] = ()
+    """Fields added after trials were stored: left out of the ids (and of config_json) while they
+    hold their default, so every trial_id and config_id stored before them stays what it was.
+    A new field of a config class is listed here (tests/test_config.py holds golden ids)."""
+
     @field_validator("*", mode="before")
     @classmethod
     def _strict_numbers(cls, value: Any, info: ValidationInfo) -> Any:
@@ -93,6 +98,20 @@ class _Frozen(BaseModel):
             if abs(v) > INT64_MAX and (isinstance(v, int) or not _allows(annotation, float)):
                 raise FieldError(at, "must fit in a 64-bit integer (|x| <= 2**63 - 1), as the results store holds it")
         return value
+
+
+def without_new_defaults(cfg: _Frozen, payload: dict) -> dict:
+    """`payload` (cfg's JSON dump) without the `id_optional` fields that hold their default, at
+    every level. Modifies and returns `payload`."""
+    fields = type(cfg).model_fields
+    for name in type(cfg).id_optional:
+        if name in payload and getattr(cfg, name) == fields[name].default:
+            del payload[name]
+    for name in fields:
+        value = getattr(cfg, name)
+        if isinstance(value, _Frozen) and isinstance(payload.get(name), dict):
+            without_new_defaults(value, payload[name])
+    return payload
 
 
 class ModelConfig(_Frozen):
@@ -402,7 +421,15 @@ class TrialConfig(_Frozen):
 
     def science_json(self) -> str:
         """Canonical JSON of everything that changes a result."""
-        payload = self.model_dump(mode="json", exclude={"runtime", "sweep"})
+        return self._canonical(exclude={"runtime", "sweep"})
+
+    def config_json(self) -> str:
+        """The whole config as JSON (the runs column `config_json`; `model_validate_json` reads it
+        back), without new fields at their defaults, as the ids hash it."""
+        return self._canonical(exclude=set())
+
+    def _canonical(self, exclude: set[str]) -> str:
+        payload = without_new_defaults(self, self.model_dump(mode="json", exclude=exclude))
         return json.dumps(payload, sort_keys=True, separators=(",", ":"))
 
     # Cached: a 10,000-trial plan asks each id several times. model_copy drops the cache, since
@@ -416,9 +443,7 @@ class TrialConfig(_Frozen):
     def config_id(self) -> str:
         """12-hex-digit hash of science_json() without the seed: the seeds of one config share
         it, and every seed aggregate groups by it (never by a hand-picked column list)."""
-        payload = self.model_dump(mode="json", exclude={"runtime", "sweep", "seed"})
-        canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+        return hashlib.sha256(self._canonical(exclude={"runtime", "sweep", "seed"}).encode()).hexdigest()[:12]
 
     def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> TrialConfig:
         copy = super().model_copy(update=update, deep=deep)

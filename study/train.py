@@ -364,5 +364,5 @@ def run_row(cfg: TrialConfig, summary: RunSummary, device: torch.device | str, f
         "trial_id": cfg.trial_id, "sweep": cfg.sweep, **cfg.flat(), **asdict(summary),
         "device": device_name(device) if isinstance(device, torch.device) else device,
         "torch_version": torch.__version__, "version": pkg, "git_sha": sha,
-        "corpus_fingerprint": fingerprint, "error": error, "config_json": cfg.model_dump_json(),
+        "corpus_fingerprint": fingerprint, "error": error, "config_json": cfg.config_json(),
     }

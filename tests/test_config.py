@@ -117,3 +117,25 @@ def test_every_optimizer_has_a_family_and_muon_exclude_only_binds_muon():
     assert set(OPTIMIZER_FAMILY.values()) == {"per_coordinate", "rotation_equivariant", "fixed_random_basis", "adaptive_basis"}
     assert OptimizerConfig(name="adam", lr=1e-3, muon_exclude=["*"]).muon_exclude == ("*",)  # ignored there
     assert OptimizerConfig(name="muon", lr=1e-3, muon_exclude=["blocks.*.attn.*"]).name == "muon"  # MLPs remain
+
+
+def test_ids_are_golden():
+    # Stored trials keep their ids: a new config field must be listed in its class's
+    # `id_optional` (left out of the ids while at its default), or these change.
+    cfg = make()
+    assert (cfg.trial_id, cfg.config_id) == ("2937e358547a", "02fea6c04727")
+    cfg = TrialConfig(model={"d_model": 128, "n_layers": 4, "n_heads": 4}, optimizer={"name": "muon", "lr": 3e-3},
+                      norm="rmsnorm_scalar", rotation={"mode": "partial", "group_size": 2}, train={"steps": 1500}, seed=2)
+    assert (cfg.trial_id, cfg.config_id) == ("a7422d2bd6c8", "f18179541042")
+
+
+def test_a_new_field_at_its_default_leaves_the_ids_alone(monkeypatch):
+    from study.config import OptimizerConfig
+
+    cfg = make(optimizer={"name": "adam", "lr": 1e-3, "eps": 1e-6})
+    ids = (cfg.trial_id, cfg.config_id)
+    monkeypatch.setattr(OptimizerConfig, "id_optional", ("eps",))
+    at_default = make()
+    assert make(optimizer={"name": "adam", "lr": 1e-3, "eps": 1e-6}).trial_id == ids[0]  # not at its default: hashed
+    assert '"eps"' not in at_default.science_json() and '"eps"' not in at_default.config_json()
+    assert TrialConfig.model_validate_json(at_default.config_json()) == at_default
