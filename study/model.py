@@ -80,14 +80,20 @@ NORMS: dict[str, type[nn.Module]] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm,
 
 
 class Rotate(nn.Module):
-    """Multiply by a fixed orthogonal matrix: x @ matrix. A buffer: saved, cast and moved, never trained."""
+    """Multiply by a fixed orthogonal matrix: x @ matrix. A buffer: saved, cast and moved, never trained.
+
+    Computed in at least float32 with autocast off, and returned in x's dtype: under bf16
+    autocast a plain matmul would return bf16 and carry every rotated plan's residual stream in
+    bf16 while `none` keeps it in float32 (a precision confound between the plans)."""
 
     def __init__(self, matrix: Tensor):
         super().__init__()
         self.register_buffer("matrix", matrix.detach().clone())
 
     def forward(self, x: Tensor) -> Tensor:
-        return x @ self.matrix  # (B, T, C) @ (C, C)
+        dtype = torch.promote_types(x.dtype, torch.float32)  # float64 models stay float64
+        with torch.autocast(x.device.type, enabled=False):
+            return (x.to(dtype) @ self.matrix.to(dtype)).to(x.dtype)  # (B, T, C) @ (C, C)
 
 
 def read_write(r: Tensor | None, dtype: torch.dtype) -> tuple[nn.Module, nn.Module]:

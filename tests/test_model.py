@@ -177,6 +177,56 @@ def test_rotation_buffers_follow_dtype():
     assert "blocks.0.read_attn.matrix" in model.state_dict()  # saved with checkpoints
 
 
+BF16_PLANS = {"none": "none", "shared": "shared", "independent": "independent", "partial2": ROTATIONS["partial2"],
+              "shared-noemb": {"mode": "shared", "embeddings": False}}
+
+
+def residuals(model: Transformer, idx: torch.Tensor) -> list[torch.Tensor]:
+    """The residual stream at every layer (embeddings, then each block's output)."""
+    seen: list[torch.Tensor] = []
+    handles = [model.blocks[0].register_forward_pre_hook(lambda _m, args: seen.append(args[0]))]
+    handles += [b.register_forward_hook(lambda _m, _i, out: seen.append(out)) for b in model.blocks]
+    try:
+        model(idx)
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
+
+
+def test_bf16_autocast_carries_every_plan_in_the_precision_of_none():
+    """Rotations run in float32 outside autocast: under CPU bf16 autocast every plan's residual
+    stream has none's dtype at every layer, and its error against a float64 forward of the same
+    weights is of none's order at every layer (bf16 rotations: 3e-3 vs 1e-8 at the embeddings,
+    2.5x none's at the last block, at this size)."""
+    errors, dtypes = {}, {}
+    for name, rotation in BF16_PLANS.items():
+        cfg = make_cfg("layernorm", rotation, d_model=64, n_heads=4, seq_len=32)
+        model = Transformer.from_config(cfg)
+        exact = Transformer.from_config(cfg, dtype=torch.float64)
+        exact.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
+        idx = batch(cfg, B=4)[0]
+        with torch.no_grad():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                low = residuals(model, idx)
+            ref = residuals(exact, idx)
+        dtypes[name] = [r.dtype for r in low]
+        errors[name] = [((a.double() - b).norm() / b.norm()).item() for a, b in zip(low, ref)]
+    assert all(d == dtypes["none"] for d in dtypes.values()), dtypes
+    assert dtypes["none"] == [torch.float32] * (L + 1)
+    for name, errs in errors.items():  # layer 0 (embeddings): float32 rounding, ~1e-8, where bf16 gave ~3e-3
+        assert all(e < 2 * e_none + 1e-6 for e, e_none in zip(errs, errors["none"])), (name, errs, errors["none"])
+
+
+def test_rotate_keeps_float64_and_the_input_dtype():
+    r = torch.linalg.qr(torch.randn(8, 8, dtype=torch.float64, generator=generator_for(0, "t"))).Q
+    x = torch.randn(3, 8, dtype=torch.float64, generator=generator_for(1, "t"))
+    torch.testing.assert_close(Rotate(r)(x), x @ r, rtol=0, atol=1e-15)  # float64 is not narrowed
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert Rotate(r.float())(x.bfloat16()).dtype == torch.bfloat16
+        assert Rotate(r.float())(x.float()).dtype == torch.float32
+
+
 def test_norms_numerics():
     x = torch.randn(3, 5, 8, dtype=torch.float64) * 4 + 1
     ms = lambda t: (t.pow(2).mean(-1, keepdim=True) + 1e-5).sqrt()
