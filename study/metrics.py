@@ -7,6 +7,9 @@ everything into one tensor and read it back once).
 
 Tokens whose value is undefined (a constant vector has no kurtosis) are left out of the
 token averages (nanmean); if every token is undefined the result is nan.
+
+Each metric `f(x)` is `_f(v)` on the (N, d) tokens; `_f` also takes a stack (K, N, d) and
+returns (K,) (the control's kurtosis per random basis is computed so).
 """
 
 from __future__ import annotations
@@ -23,6 +26,20 @@ from study.rotation import generator_for, random_orthogonal
 
 METRICS = ("kurtosis", "neuron_kurtosis", "outlier_dims_abs", "outlier_dims_rel", "max_abs", "max_median_ratio")
 """Metric names measured at every (layer, site, basis)."""
+
+CONTROL_BASES = 32
+"""Haar-random bases the probe's control (site resid, basis random) averages over."""
+
+CONTROL_SPREAD = "kurtosis_sd"
+"""The control's extra metric: the sd of the kurtosis across its bases (basis random)."""
+
+
+def kurtosis_null(d: int) -> float:
+    """E[kurtosis] of a token uniform on the sphere in R^d: 3(d-1)/(d+1) (centred per-token
+    kurtosis, ours; the uncentred moment ratio would give 3d/(d+2)). A Haar-random rotation
+    makes every token uniform on its sphere, so this is the random basis' expected kurtosis
+    whatever the activations, and Gaussian coordinates' expectation at finite d."""
+    return 3.0 * (d - 1) / (d + 1)
 
 
 def _tokens(x: Tensor) -> Tensor:
@@ -42,44 +59,61 @@ def kurtosis(x: Tensor) -> Tensor:
     overflow float32. Tokens whose std is below 1e-6 of their RMS (constant up to rounding)
     are undefined and left out.
     """
-    v = _tokens(x)
+    return _kurtosis(_tokens(x))
+
+
+def _kurtosis(v: Tensor) -> Tensor:
     c = v - v.mean(-1, keepdim=True)
     m2 = c.pow(2).mean(-1, keepdim=True)
-    k = (c * torch.rsqrt(m2)).pow(4).mean(-1, keepdim=True)
+    k = (c * torch.rsqrt(m2)).pow(4).mean(-1)
     # a (numerically) constant token has no kurtosis: std below 1e-6 of its RMS is rounding
-    k = torch.where(m2 > 1e-12 * v.pow(2).mean(-1, keepdim=True), k, torch.nan)
-    return torch.nanmean(k)
+    k = torch.where(m2.squeeze(-1) > 1e-12 * v.pow(2).mean(-1), k, torch.nan)
+    return torch.nanmean(k, -1)
 
 
 def neuron_kurtosis(x: Tensor) -> Tensor:
     """He et al. (2024)'s kurtosis across coordinates: s_j = RMS over tokens of coordinate j,
     mean_j(s_j^4) / mean_j(s_j^2)^2. Equal coordinate scales give 1; one coordinate carrying
     all the energy gives d."""
-    s2 = _tokens(x).pow(2).mean(0)  # (d,) = s_j^2
-    r = s2 / s2.mean()
-    return r.pow(2).mean()
+    return _neuron_kurtosis(_tokens(x))
+
+
+def _neuron_kurtosis(v: Tensor) -> Tensor:
+    s2 = v.pow(2).mean(-2)  # (..., d) = s_j^2
+    r = s2 / s2.mean(-1, keepdim=True)
+    return r.pow(2).mean(-1)
 
 
 def outlier_dims(x: Tensor, threshold: float = 6.0, relative: bool = False) -> Tensor:
     """Number of coordinates j with |x_j| > threshold on at least one token; with relative,
     |x_j| > threshold x that token's RMS (scale-free; needs d > threshold^2 to be non-zero,
     since max_j |x_j| <= sqrt(d) RMS)."""
-    v = _tokens(x)
-    a = v.abs()
+    return _outlier_dims(_tokens(x), threshold, relative)
+
+
+def _outlier_dims(v: Tensor, threshold: float, relative: bool) -> Tensor:
     limit = threshold * v.pow(2).mean(-1, keepdim=True).sqrt() if relative else threshold
-    return (a > limit).any(0).sum().float()
+    return (v.abs() > limit).any(-2).sum(-1).float()
 
 
 def max_abs(x: Tensor) -> Tensor:
     """Largest |x| over every token and coordinate."""
-    return _tokens(x).abs().amax()
+    return _max_abs(_tokens(x))
+
+
+def _max_abs(v: Tensor) -> Tensor:
+    return v.abs().amax((-2, -1))
 
 
 def max_median_ratio(x: Tensor) -> Tensor:
     """Per token max_j |x_j| / median_j |x_j|, averaged over tokens. The median of an even
     number of values is the mean of the middle two. A token whose median is 0 gives inf
     (0/0: nan, left out)."""
-    a = _tokens(x).abs()  # (N, d)
+    return _max_median_ratio(_tokens(x))
+
+
+def _max_median_ratio(v: Tensor) -> Tensor:
+    a = v.abs()  # (..., N, d)
     d = a.shape[-1]
     lower = a.median(-1, keepdim=True).values  # the ((d+1)//2)-th smallest
     if d % 2:
@@ -89,7 +123,41 @@ def max_median_ratio(x: Tensor) -> Tensor:
         ties = (a <= lower).sum(-1, keepdim=True) > d // 2
         above = torch.where(a > lower, a, torch.inf).amin(-1, keepdim=True)
         median = 0.5 * (lower + torch.where(ties, lower, above))
-    return torch.nanmean(a.amax(-1, keepdim=True) / median)
+    return torch.nanmean((a.amax(-1, keepdim=True) / median).squeeze(-1), -1)
+
+
+def _all_metrics(v: Tensor, threshold: float) -> list[Tensor]:
+    """Every METRICS entry, in order, of tokens v (N, d) or a stack of them (K, N, d)."""
+    return [_kurtosis(v), *_after_kurtosis(v, threshold)]
+
+
+def _after_kurtosis(v: Tensor, threshold: float) -> list[Tensor]:
+    """METRICS[1:], in order."""
+    return [_neuron_kurtosis(v), _outlier_dims(v, threshold, False), _outlier_dims(v, threshold, True),
+            _max_abs(v), _max_median_ratio(v)]
+
+
+def control_metrics(x: Tensor, bases: Tensor, threshold: float = 6.0) -> Tensor:
+    """The random-basis control of tokens x (..., d) over K Haar bases (K, d, d): a
+    (len(METRICS) + 1,) tensor, METRICS in order, then the sd of the kurtosis across the bases
+    (CONTROL_SPREAD).
+
+    Token i (flattened) is rotated by basis i mod K, in one batched matmul, so the control
+    costs what one basis on every token costs (K bases on every token cost K times that, over
+    the probe's budget on CPUs); the last N mod K tokens are left out. Kurtosis: the mean over
+    the bases of each basis' token mean; conditional on the tokens each basis' value is an
+    independent draw with expectation exactly kurtosis_null(d), so the mean's standard error
+    is sd / sqrt(K). The other metrics are those of all the rotated tokens together (so counts
+    and maxima see as many tokens as the stored basis does)."""
+    k, d = bases.shape[0], bases.shape[-1]
+    v = _tokens(x)
+    n = v.shape[0] // k
+    if n == 0:
+        raise ValueError(f"the random-basis control needs at least one token per basis ({k}), got {v.shape[0]}")
+    per_basis = torch.bmm(v[: n * k].view(n, k, d).transpose(0, 1), bases)  # (K, n, d): basis j gets tokens j, j+K, ...
+    kurt = _kurtosis(per_basis)  # (K,)
+    rest = _after_kurtosis(per_basis.reshape(n * k, d), threshold)
+    return torch.stack([torch.nanmean(kurt), *rest, kurt.std()])
 
 
 # ---- model-level: Dettmers et al. (2022) -----------------------------------------------------
@@ -147,8 +215,14 @@ class ActivationProbe:
     Sites (blocks numbered 1..L):
     - `resid`, basis `stored`, layers 0..L: layer 0 = the input of blocks[0] (embeddings),
       layer l = the output of blocks[l-1];
-    - `resid`, basis `random`: the same activations times one fixed Haar-random orthogonal
-      matrix drawn from `generator_for(seed, "probe")` (the control: reads about 3);
+    - `resid`, basis `random` (the control): each METRICS value is the mean over
+      `n_bases` (CONTROL_BASES, 32) fixed Haar-random bases Q_k, drawn once per probe from
+      `generator_for(seed, "probe", k)`; token i is read in basis Q_(i mod K) (one batched
+      matmul, see `control_metrics`). Its kurtosis estimates the exact null `kurtosis_null(d)` =
+      3(d-1)/(d+1) whatever the activations (2.818 at d 32, 2.953 at d 128); one basis alone
+      is a draw with sd ~0.15 on trained models, up to ~0.6 when tokens are nearly parallel.
+      Row metric `kurtosis_sd`, basis `random`: the sd (n - 1 denominator) of the kurtosis
+      across the bases, so the mean's standard error is kurtosis_sd / sqrt(n_bases);
     - `attn_in` / `mlp_in`, basis `computation`, layers 1..L: outputs of block.attn_norm /
       block.mlp_norm (what the layer's first linear map sees, in its own basis);
     - `mlp_act`, basis `neuron`, layers 1..L: output of block.mlp.act;
@@ -162,18 +236,21 @@ class ActivationProbe:
     A torch.compile wrapper is unwrapped (hooks run on the eager module).
     """
 
-    def __init__(self, model: nn.Module, seed: int, threshold: float = 6.0):
+    def __init__(self, model: nn.Module, seed: int, threshold: float = 6.0, n_bases: int = CONTROL_BASES):
+        if n_bases < 2:
+            raise ValueError(f"n_bases must be >= 2 (the control keeps its sd across bases), got {n_bases}")
         self.model = getattr(model, "_orig_mod", model)
         self.seed = seed
         self.threshold = threshold
-        self._basis: Tensor | None = None
+        self.n_bases = n_bases
+        self._bases: Tensor | None = None
 
-    def random_basis(self, d: int, device: torch.device) -> Tensor:
-        """The fixed (d, d) float32 Haar-random orthogonal matrix of this probe's seed."""
-        if self._basis is None or self._basis.shape[0] != d or self._basis.device != device:
-            q = random_orthogonal(d, generator_for(self.seed, "probe"), dtype=torch.float32)
-            self._basis = q.to(device)
-        return self._basis
+    def random_bases(self, d: int, device: torch.device) -> Tensor:
+        """The fixed (n_bases, d, d) float32 Haar-random orthogonal matrices of this probe's seed."""
+        if self._bases is None or self._bases.shape[-1] != d or self._bases.device != device:
+            qs = [random_orthogonal(d, generator_for(self.seed, "probe", k), dtype=torch.float32) for k in range(self.n_bases)]
+            self._bases = torch.stack(qs).to(device)
+        return self._bases
 
     def run(self, x: Tensor, y: Tensor, extra: Sequence[Tensor] = ()) -> ProbeResult:
         """One forward on (x, y); every (layer, site, basis, metric) row exactly once. `extra`
@@ -186,21 +263,22 @@ class ActivationProbe:
         def measure(layer: int, site: str, basis: str, act: Tensor) -> None:
             with torch.autocast(act.device.type, enabled=False):
                 a = _tokens(act.detach())
-                if basis == "random":
-                    a = a @ self.random_basis(a.shape[-1], a.device)
-                vals = (
-                    kurtosis(a), neuron_kurtosis(a),
-                    outlier_dims(a, self.threshold), outlier_dims(a, self.threshold, relative=True),
-                    max_abs(a), max_median_ratio(a),
-                )
+                vals = _all_metrics(a, self.threshold)
                 if site in ("attn_in", "mlp_in"):
                     hits.append(_dettmers_hits(a, self.threshold, pos_frac=0.06))
             keys.extend((layer, site, basis, m) for m in METRICS)
             values.extend(vals)
 
+        def control(layer: int, act: Tensor) -> None:
+            with torch.autocast(act.device.type, enabled=False):
+                a = _tokens(act.detach())
+                vals = control_metrics(a, self.random_bases(a.shape[-1], a.device), self.threshold)
+            keys.extend((layer, "resid", "random", m) for m in (*METRICS, CONTROL_SPREAD))
+            values.extend(vals.unbind())
+
         def resid(layer: int, act: Tensor) -> None:
             measure(layer, "resid", "stored", act)
-            measure(layer, "resid", "random", act)
+            control(layer, act)
 
         def on_output(layer: int, site: str, basis: str):
             def hook(_module, _inputs, output):

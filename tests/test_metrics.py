@@ -13,10 +13,14 @@ from hypothesis.extra import numpy as hnp
 
 from study.config import TrialConfig
 from study.metrics import (
+    CONTROL_BASES,
+    CONTROL_SPREAD,
     METRICS,
     ActivationProbe,
+    control_metrics,
     dettmers_outliers,
     kurtosis,
+    kurtosis_null,
     max_abs,
     max_median_ratio,
     neuron_kurtosis,
@@ -60,6 +64,70 @@ def test_random_rotation_removes_basis_aligned_tails():
     assert neuron_kurtosis(x).item() > 10
     assert kurtosis(x @ q).item() == pytest.approx(3.0, abs=0.15)
     assert neuron_kurtosis(x @ q).item() < 2.0  # the energy is spread over every coordinate
+
+
+def test_exact_null_is_the_centred_formula():
+    """Gaussian coordinates: E[centred per-token kurtosis] = 3(d-1)/(d+1) exactly (1.8 at d 4,
+    2.333 at d 8), not the uncentred 3d/(d+2) (2.0, 2.4); 65536 tokens resolve the two."""
+    for d in (4, 8):
+        x = gaussian(65536, d, seed=d)
+        assert kurtosis(x).item() == pytest.approx(kurtosis_null(d), abs=0.02)
+        assert abs(kurtosis_null(d) - 3 * d / (d + 2)) > 0.06
+    assert kurtosis_null(32) == pytest.approx(2.818, abs=1e-3) and kurtosis_null(128) == pytest.approx(2.953, abs=1e-3)
+
+
+def control_bases(d: int, k: int = CONTROL_BASES) -> torch.Tensor:
+    return torch.stack([random_orthogonal(d, generator_for(0, "probe", i), dtype=torch.float32) for i in range(k)])
+
+
+def control_inputs(d: int = 64, n: int = 2048) -> dict[str, torch.Tensor]:
+    """Token sets on which the control's expectation is the null: Gaussian, uniform on the
+    sphere, heavy basis-aligned tails, and nearly parallel tokens (one heavy-tailed direction)."""
+    g = gen(7)
+    x = torch.randn(n, d, generator=g)
+    heavy = torch.randn(n, d, generator=g)
+    heavy[:, :3] *= 30.0
+    u = torch.full((d,), 0.3)
+    u[:2] = torch.tensor([10.0, 5.0])
+    return {"gaussian": x, "sphere": x / x.norm(dim=-1, keepdim=True), "heavy": heavy,
+            "parallel": u + 0.01 * torch.randn(n, d, generator=g)}
+
+
+@pytest.mark.parametrize("name", ["gaussian", "sphere", "heavy", "parallel"])
+def test_control_mean_is_the_exact_null_within_its_standard_error(name):
+    """Given any tokens, each basis' kurtosis (over its share of the tokens) is an independent
+    draw whose expectation is the null, so the K-basis mean is within a few sd / sqrt(K) of
+    3(d-1)/(d+1); the sd row is the spread of the single-basis readings."""
+    d, x = 64, control_inputs()[name]
+    q = control_bases(d)
+    out = control_metrics(x, q)
+    assert out.shape == (len(METRICS) + 1,)
+    mean, sd = out[0].item(), out[-1].item()
+    single = torch.stack([kurtosis(x[k::CONTROL_BASES] @ q[k]) for k in range(CONTROL_BASES)])  # basis k: tokens k, k+K, ...
+    assert sd == pytest.approx(single.std().item(), rel=1e-4)
+    assert mean == pytest.approx(single.mean().item(), rel=1e-5)
+    tolerance = 4 * sd / math.sqrt(CONTROL_BASES)
+    assert abs(mean - kurtosis_null(d)) < tolerance, (mean, kurtosis_null(d), tolerance)
+    if name in ("gaussian", "sphere"):
+        assert kurtosis(x).item() == pytest.approx(kurtosis_null(d), abs=0.05)  # the stored basis reads it too
+        assert sd < 0.1
+    else:  # basis-aligned tails: the stored basis is far above; one random basis is a noisy draw
+        assert kurtosis(x).item() > 20
+        assert sd > 0.15 and (single - kurtosis_null(d)).abs().max().item() > 2 * tolerance
+
+
+def test_control_other_metrics_see_every_rotated_token():
+    d, x = 16, gaussian(70, 16, seed=3)  # 70 tokens, 32 bases: two each, the last 6 left out
+    q = control_bases(d)
+    rotated = torch.cat([x[k:64:CONTROL_BASES] @ q[k] for k in range(CONTROL_BASES)])
+    out = control_metrics(x, q, threshold=1.5)
+    want = [neuron_kurtosis(rotated), outlier_dims(rotated, 1.5), outlier_dims(rotated, 1.5, relative=True),
+            max_abs(rotated), max_median_ratio(rotated)]
+    for metric, got, w in zip(METRICS[1:], out[1:-1], want):
+        assert got.item() == pytest.approx(w.item(), rel=1e-5), metric
+    assert out[2].item() > 0  # the threshold is low enough that the counts are not trivially 0
+    with pytest.raises(ValueError, match="one token per basis"):
+        control_metrics(x[:31], q)
 
 
 def test_one_spike_neuron_kurtosis_is_d():
@@ -201,6 +269,7 @@ def batch(b: int = 4, t: int = 16, seed: int = 0) -> tuple[torch.Tensor, torch.T
 
 def expected_keys(n_layers: int) -> set[tuple]:
     keys = {(l, "resid", b, m) for l in range(n_layers + 1) for b in ("stored", "random") for m in METRICS}
+    keys |= {(l, "resid", "random", CONTROL_SPREAD) for l in range(n_layers + 1)}
     keys |= {(l, s, "computation", m) for l in range(1, n_layers + 1) for s in ("attn_in", "mlp_in") for m in METRICS}
     keys |= {(l, "mlp_act", "neuron", m) for l in range(1, n_layers + 1) for m in METRICS}
     return keys | {(-1, "model", "computation", "dettmers_outliers")}
@@ -267,10 +336,24 @@ def test_probe_random_basis_reads_three_under_heavy_tails():
         model.tok_emb.weight[ids, ids % 128] += 30.0
     x, y = batch(b=8)
     rows = ActivationProbe(model, seed=0).run(x, y).rows
-    k = {(r["layer"], r["basis"]): r["value"] for r in rows if r["site"] == "resid" and r["metric"] == "kurtosis"}
+    k = {(r["layer"], r["basis"], r["metric"]): r["value"] for r in rows if r["site"] == "resid"}
     for layer in range(3):
-        assert k[(layer, "stored")] > 50
-        assert k[(layer, "random")] == pytest.approx(3.0, abs=0.3)
+        assert k[(layer, "stored", "kurtosis")] > 50
+        sd = k[(layer, "random", CONTROL_SPREAD)]
+        assert 0 < sd < 1
+        assert k[(layer, "random", "kurtosis")] == pytest.approx(kurtosis_null(128), abs=4 * sd / math.sqrt(CONTROL_BASES))
+
+
+def test_probe_control_rows_are_control_metrics_of_the_residual():
+    model = tiny_model()
+    x, y = batch()
+    probe = ActivationProbe(model, 3)
+    rows = {(r["layer"], r["metric"]): r["value"] for r in probe.run(x, y).rows if r["basis"] == "random"}
+    with torch.no_grad():
+        emb = model.tok_emb(x) + model.pos_emb(torch.arange(x.shape[1]))
+    want = control_metrics(emb, probe.random_bases(64, emb.device))
+    for i, metric in enumerate((*METRICS, CONTROL_SPREAD)):
+        assert rows[(0, metric)] == pytest.approx(want[i].item(), rel=1e-5), metric
 
 
 def test_probe_hooks_removed_after_an_error():
@@ -304,7 +387,9 @@ def test_probe_basis_is_fixed_by_seed():
     model = tiny_model()
     a, b, c = ActivationProbe(model, 0), ActivationProbe(model, 0), ActivationProbe(model, 1)
     dev = torch.device("cpu")
-    torch.testing.assert_close(a.random_basis(64, dev), b.random_basis(64, dev))
-    assert not torch.allclose(a.random_basis(64, dev), c.random_basis(64, dev))
-    q = a.random_basis(64, dev)
-    torch.testing.assert_close(q @ q.T, torch.eye(64), atol=1e-5, rtol=0)
+    torch.testing.assert_close(a.random_bases(64, dev), b.random_bases(64, dev))
+    assert not torch.allclose(a.random_bases(64, dev), c.random_bases(64, dev))
+    q = a.random_bases(64, dev)
+    assert q.shape == (CONTROL_BASES, 64, 64) and CONTROL_BASES >= 32
+    torch.testing.assert_close(q @ q.mT, torch.eye(64).expand(CONTROL_BASES, 64, 64), atol=1e-5, rtol=0)
+    assert not torch.allclose(q[0], q[1])  # K different bases, not one repeated
