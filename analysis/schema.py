@@ -54,6 +54,7 @@ ARROW: dict[str, pa.Schema] = {
         ("optimizer", _S), ("optimizer_family", _S), ("lr", _F), ("weight_decay", _F),
         ("momentum", _F), ("eps", _F), ("beta1", _F), ("beta2", _F), ("nesterov", _B), ("rotate", _S),
         ("precondition_frequency", _I),
+        ("muon_ends", _S),
         # norm and rotation plan
         ("norm", _S), ("rotation", _S), ("group_size", _I), ("rotation_groups", _S),
         ("rotation_label", _S),

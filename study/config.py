@@ -23,6 +23,17 @@ NormName = Literal["layernorm", "rmsnorm", "rmsnorm_scalar"]
 OptimizerName = Literal["adam", "sgd", "rotated_adam", "soap", "muon", "adafactor", "lion", "signsgd"]
 RotationMode = Literal["none", "shared", "independent", "partial", "groups"]
 
+FAMILIES: dict[str, str] = {
+    "per_coordinate": "every parameter's update is per coordinate of the stored basis (adam, adafactor, lion, signsgd)",
+    "rotation_equivariant": "rotating the basis rotates the whole run (sgd; muon with sgd ends)",
+    "fixed_random_basis": "Adam in a fixed Haar-random basis per parameter (rotated_adam; muon with rotated_adam ends)",
+    "adaptive_basis": "Adam in Shampoo's eigenbasis (soap, when the model has no per-coordinate gain vectors)",
+    "mixed": ("some parameters in the residual basis per coordinate, the rest not: muon with adamw ends (embeddings, "
+              "unembedding, gains), soap with layernorm/rmsnorm gains (trained by plain Adam)"),
+}
+"""The runs column `optimizer_family`: what trains every parameter that lives in the residual
+basis (the one place these strings are defined; `optimizer_family` derives them)."""
+
 OPTIMIZER_FAMILY: dict[str, str] = {
     "adam": "per_coordinate",
     "sgd": "rotation_equivariant",
@@ -33,8 +44,26 @@ OPTIMIZER_FAMILY: dict[str, str] = {
     "lion": "per_coordinate",
     "signsgd": "per_coordinate",
 }
-"""Each optimiser's family (a runs column): does its update depend on the coordinate basis?
-per_coordinate, rotation_equivariant, fixed_random_basis or adaptive_basis."""
+"""Each optimiser's rule on a hidden matrix. Not the runs column: muon's ends and soap's gain
+vectors are trained by other rules, see `optimizer_family`."""
+
+MUON_ENDS_FAMILY: dict[str, str] = {"adamw": "mixed", "sgd": "rotation_equivariant", "rotated_adam": "fixed_random_basis"}
+"""muon's family by what trains its ends (muon_ends); its matrices are rotation-equivariant."""
+
+PER_COORDINATE_GAINS = ("layernorm", "rmsnorm")
+"""Norms with a gain (and bias) vector per coordinate; rmsnorm_scalar has one scalar gain."""
+
+
+def optimizer_family(optimizer: OptimizerConfig, norm: str) -> str:
+    """The FAMILIES entry of this optimiser training a model with this norm: what trains every
+    parameter that lives in the residual basis. muon: by its ends (MUON_ENDS_FAMILY). soap: its
+    matrices' update is equivariant (the eigenbasis rotates with the gradients), but vectors get
+    plain Adam, so with per-coordinate gains it is `mixed`."""
+    if optimizer.name == "muon":
+        return MUON_ENDS_FAMILY[optimizer.muon_ends]
+    if optimizer.name == "soap" and norm in PER_COORDINATE_GAINS:
+        return "mixed"
+    return OPTIMIZER_FAMILY[optimizer.name]
 
 HIDDEN_MATRICES = ("blocks.0.attn.qkv.weight", "blocks.0.attn.proj.weight", "blocks.0.mlp.fc.weight",
                    "blocks.0.mlp.proj.weight")
@@ -239,8 +268,18 @@ class OptimizerConfig(_Frozen):
     muon_adjust_lr: Literal["match_rms_adamw", "original"] = "match_rms_adamw"
     """muon: per-shape lr scale: 0.2 sqrt(max(out, in)) (Moonshot) or sqrt(max(1, out/in)) (Keller)."""
     muon_exclude: tuple[str, ...] = ("tok_emb.*", "pos_emb.*", "unembed.*")
-    """muon: name globs of matrices that AdamW trains instead (embeddings, unembedding);
-    vectors and scalars always go to AdamW."""
+    """muon: name globs of matrices that the ends' optimiser (muon_ends) trains instead
+    (embeddings, unembedding); vectors and scalars always go to it."""
+    muon_ends: Literal["adamw", "sgd", "rotated_adam"] = "adamw"
+    """muon: what trains every parameter Muon does not orthogonalise (embeddings, unembedding,
+    gains): adamw (per coordinate: the run's family is `mixed`), sgd (momentum, nesterov, as the
+    sgd fields: the whole run is rotation-equivariant), rotated_adam (rotate "residual", as
+    its fields: a fixed random basis)."""
+    muon_ends_lr_ratio: float = Field(default=1.0, gt=0)
+    """muon: the ends' peak lr as a multiple of lr. Needed for sgd ends, whose good lr is an
+    SGD's (the tests' 0.1), not Adam's (1e-3 to 1e-2): about 10 to 100 there."""
+
+    id_optional: ClassVar[tuple[str, ...]] = ("muon_ends", "muon_ends_lr_ratio")
 
     @model_validator(mode="after")
     def _check_betas(self) -> OptimizerConfig:
@@ -513,7 +552,7 @@ class TrialConfig(_Frozen):
             "n_heads": self.model.n_heads, "d_mlp": self.model.d_mlp,
             "params": self.params, "params_non_embedding": self.params_non_embedding,
             "flops_per_token": self.flops_per_token,
-            "optimizer": o.name, "optimizer_family": OPTIMIZER_FAMILY[o.name], "lr": o.lr, "weight_decay": o.weight_decay,
+            "optimizer": o.name, "optimizer_family": optimizer_family(o, self.norm), "lr": o.lr, "weight_decay": o.weight_decay,
             "momentum": o.momentum if o.name in ("sgd", "signsgd") else o.muon_momentum if o.name == "muon" else None,
             "eps": o.eps if o.name in ("adam", "rotated_adam", "soap", "muon") else None,
             "beta1": o.betas[0] if o.name in _BETAS else None,
@@ -521,6 +560,7 @@ class TrialConfig(_Frozen):
             "nesterov": o.nesterov if o.name == "sgd" else True if o.name == "muon" else None,
             "rotate": o.rotate if o.name == "rotated_adam" else None,
             "precondition_frequency": o.precondition_frequency if o.name == "soap" else None,
+            "muon_ends": o.muon_ends if o.name == "muon" else None,
             "norm": self.norm, "rotation": self.rotation.mode,
             "group_size": self.rotation.group_size,
             "rotation_groups": (json.dumps([list(g) for g in self.rotation.groups], separators=(",", ":"))

@@ -18,7 +18,9 @@
 - `soap`: `SOAP`, RotatedAdam whose bases are the eigenvectors of Shampoo's factors
   E[G G^T], E[G^T G], recomputed every `precondition_frequency` steps (adaptive basis).
 - `muon`: `MuonAdamW`, torch Muon (Newton-Schulz-orthogonalised Nesterov momentum) on the
-  hidden matrices, torch AdamW on embeddings, unembedding, gains (`muon_exclude` says which).
+  hidden matrices; the ends (embeddings, unembedding, gains; `muon_exclude` says which
+  matrices) by `muon_ends`: torch AdamW (default), torch SGD (momentum: then the whole update
+  is rotation-equivariant, a pure Muon) or RotatedAdam (rotate "residual").
 - `adafactor`: torch Adafactor (factored second moments, relative step size).
 - `lion`: `Lion`, sign of an interpolated momentum; `signsgd`: `Lion` with b1 = b2 = momentum.
 
@@ -32,7 +34,7 @@ so the same trial always gets the same bases.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -129,8 +131,16 @@ def build_optimizer(cfg: TrialConfig, model: nn.Module) -> torch.optim.Optimizer
         return SOAP(groups, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay, shampoo_beta=o.shampoo_beta,
                     precondition_frequency=o.precondition_frequency, max_precond_dim=o.max_precond_dim, seed=cfg.seed)
     if o.name == "muon":
+        ends = {
+            "adamw": None,
+            "sgd": lambda gs: torch.optim.SGD(gs, lr=o.lr, momentum=o.momentum, nesterov=o.nesterov, weight_decay=o.weight_decay),
+            "rotated_adam": lambda gs: RotatedAdam(gs, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
+                                                   rotate="residual", d_model=cfg.model.d_model, seed=cfg.seed,
+                                                   index_dims=index_dims(model, cfg.vocab_size)),
+        }[o.muon_ends]
         return muon_adamw(model, lr=o.lr, lr_ratio=o.muon_lr_ratio, momentum=o.muon_momentum, adjust_lr=o.muon_adjust_lr,
-                          betas=o.betas, eps=o.eps, weight_decay=o.weight_decay, exclude=o.muon_exclude)
+                          betas=o.betas, eps=o.eps, weight_decay=o.weight_decay, exclude=o.muon_exclude,
+                          ends=ends, ends_lr_ratio=o.muon_ends_lr_ratio)
     if o.name == "adafactor":
         return torch.optim.Adafactor(groups, lr=o.lr, weight_decay=o.weight_decay)
     if o.name == "lion":
@@ -688,18 +698,19 @@ class Lion(torch.optim.Optimizer):
         return loss
 
 
-# ---- Muon on the hidden matrices, AdamW on the rest -----------------------------------------
+# ---- Muon on the hidden matrices, another optimiser (AdamW by default) on the ends --------------
 
 
 class MuonAdamW:
-    """torch.optim.Muon on the hidden 2-D matrices, torch AdamW on everything else, as one
-    optimiser: `param_groups` lists Muon's groups then AdamW's (the same dicts, so a scheduler
-    writing group["lr"] reaches both); Muon's groups carry "lr_ratio", the multiple of that lr
-    they step with. state_dict() holds both."""
+    """torch.optim.Muon on the hidden 2-D matrices, another optimiser (`ends`: AdamW, SGD or
+    RotatedAdam) on everything else, as one optimiser: `param_groups` lists Muon's groups then
+    the ends' (the same dicts, so a scheduler writing group["lr"] reaches both); every group
+    carries "lr_ratio", the multiple of that lr it steps with. state_dict() holds both (the
+    ends' under "adamw", whatever trains them, so older checkpoints load)."""
 
-    def __init__(self, muon: torch.optim.Optimizer, adamw: torch.optim.Optimizer | None) -> None:
-        self.muon, self.adamw = muon, adamw
-        self._parts = [o for o in (muon, adamw) if o is not None]
+    def __init__(self, muon: torch.optim.Optimizer, ends: torch.optim.Optimizer | None) -> None:
+        self.muon, self.ends = muon, ends
+        self._parts = [o for o in (muon, ends) if o is not None]
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -715,16 +726,15 @@ class MuonAdamW:
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        peaks = [g["lr"] for g in self.muon.param_groups]
-        for g in self.muon.param_groups:
-            g["lr"] = g["lr"] * g["lr_ratio"]
-        try:
-            self.muon.step()
-        finally:
-            for g, lr in zip(self.muon.param_groups, peaks):
-                g["lr"] = lr
-        if self.adamw is not None:
-            self.adamw.step()
+        for part in self._parts:
+            peaks = [g["lr"] for g in part.param_groups]
+            for g in part.param_groups:
+                g["lr"] = g["lr"] * g.get("lr_ratio", 1.0)
+            try:
+                part.step()
+            finally:
+                for g, lr in zip(part.param_groups, peaks):
+                    g["lr"] = lr
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -732,19 +742,22 @@ class MuonAdamW:
             o.zero_grad(set_to_none=set_to_none)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"muon": self.muon.state_dict(), "adamw": None if self.adamw is None else self.adamw.state_dict()}
+        return {"muon": self.muon.state_dict(), "adamw": None if self.ends is None else self.ends.state_dict()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.muon.load_state_dict(state_dict["muon"])
-        if self.adamw is not None:
-            self.adamw.load_state_dict(state_dict["adamw"])
+        if self.ends is not None:
+            self.ends.load_state_dict(state_dict["adamw"])
 
 
 def muon_adamw(model: nn.Module, *, lr: float, lr_ratio: float = 1.0, momentum: float = 0.95,
                adjust_lr: str = "match_rms_adamw", betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
-               weight_decay: float = 0.0, exclude: Sequence[str] = ()) -> MuonAdamW:
-    """Muon for every trainable 2-D parameter whose name matches no glob in `exclude`, AdamW
-    (decay on ndim >= 2 only) for the rest. Raises ValueError when Muon would get nothing."""
+               weight_decay: float = 0.0, exclude: Sequence[str] = (),
+               ends: Callable[[list[dict[str, Any]]], torch.optim.Optimizer] | None = None,
+               ends_lr_ratio: float = 1.0) -> MuonAdamW:
+    """Muon for every trainable 2-D parameter whose name matches no glob in `exclude`; the rest
+    (decay on ndim >= 2 only, at ends_lr_ratio x lr) to `ends(groups)`, AdamW(lr, betas, eps,
+    weight_decay) if None. Raises ValueError when Muon would get nothing."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     matrices = [(n, p) for n, p in named if p.ndim == 2 and not any(fnmatch.fnmatchcase(n, g) for g in exclude)]
     if not matrices:
@@ -756,5 +769,8 @@ def muon_adamw(model: nn.Module, *, lr: float, lr_ratio: float = 1.0, momentum: 
                             momentum=momentum, nesterov=True, adjust_lr_fn=adjust_lr)
     groups = [g for g in ({"params": [(n, p) for n, p in rest if p.ndim >= 2], "weight_decay": weight_decay},
                           {"params": [(n, p) for n, p in rest if p.ndim < 2], "weight_decay": 0.0}) if g["params"]]
-    adamw = torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay) if groups else None
-    return MuonAdamW(muon, adamw)
+    for g in groups:
+        g["lr_ratio"] = ends_lr_ratio
+    if ends is None:
+        ends = lambda gs: torch.optim.AdamW(gs, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)  # noqa: E731
+    return MuonAdamW(muon, ends(groups) if groups else None)

@@ -112,9 +112,10 @@ def test_cross_field_errors_name_their_field():
 def test_every_optimizer_has_a_family_and_muon_exclude_only_binds_muon():
     from typing import get_args
 
-    from study.config import OPTIMIZER_FAMILY, OptimizerConfig, OptimizerName
+    from study.config import FAMILIES, MUON_ENDS_FAMILY, OPTIMIZER_FAMILY, OptimizerConfig, OptimizerName
     assert set(OPTIMIZER_FAMILY) == set(get_args(OptimizerName))
-    assert set(OPTIMIZER_FAMILY.values()) == {"per_coordinate", "rotation_equivariant", "fixed_random_basis", "adaptive_basis"}
+    assert set(OPTIMIZER_FAMILY.values()) | set(MUON_ENDS_FAMILY.values()) | {"mixed"} == set(FAMILIES)
+    assert set(FAMILIES) == {"per_coordinate", "rotation_equivariant", "fixed_random_basis", "adaptive_basis", "mixed"}
     assert OptimizerConfig(name="adam", lr=1e-3, muon_exclude=["*"]).muon_exclude == ("*",)  # ignored there
     assert OptimizerConfig(name="muon", lr=1e-3, muon_exclude=["blocks.*.attn.*"]).name == "muon"  # MLPs remain
 
@@ -134,8 +135,40 @@ def test_a_new_field_at_its_default_leaves_the_ids_alone(monkeypatch):
 
     cfg = make(optimizer={"name": "adam", "lr": 1e-3, "eps": 1e-6})
     ids = (cfg.trial_id, cfg.config_id)
-    monkeypatch.setattr(OptimizerConfig, "id_optional", ("eps",))
+    monkeypatch.setattr(OptimizerConfig, "id_optional", (*OptimizerConfig.id_optional, "eps"))
     at_default = make()
     assert make(optimizer={"name": "adam", "lr": 1e-3, "eps": 1e-6}).trial_id == ids[0]  # not at its default: hashed
     assert '"eps"' not in at_default.science_json() and '"eps"' not in at_default.config_json()
     assert TrialConfig.model_validate_json(at_default.config_json()) == at_default
+
+
+@pytest.mark.parametrize("optimizer, norm, family", [
+    ({"name": "muon", "lr": 1e-3}, "rmsnorm_scalar", "mixed"),  # AdamW trains its embeddings per coordinate
+    ({"name": "muon", "lr": 1e-3, "muon_ends": "adamw"}, "layernorm", "mixed"),
+    ({"name": "muon", "lr": 1e-3, "muon_ends": "sgd", "muon_ends_lr_ratio": 30}, "rmsnorm_scalar", "rotation_equivariant"),
+    ({"name": "muon", "lr": 1e-3, "muon_ends": "rotated_adam"}, "rmsnorm", "fixed_random_basis"),
+    ({"name": "soap", "lr": 1e-3}, "rmsnorm_scalar", "adaptive_basis"),
+    ({"name": "soap", "lr": 1e-3}, "layernorm", "mixed"),  # its gain and bias vectors get plain Adam
+    ({"name": "soap", "lr": 1e-3}, "rmsnorm", "mixed"),
+    ({"name": "sgd", "lr": 1e-1}, "layernorm", "rotation_equivariant"),
+    ({"name": "rotated_adam", "lr": 1e-3}, "layernorm", "fixed_random_basis"),
+    ({"name": "adam", "lr": 1e-3}, "rmsnorm_scalar", "per_coordinate"),
+])
+def test_family_says_what_trains_every_residual_basis_parameter(optimizer, norm, family):
+    row = make(optimizer=optimizer, norm=norm).flat()
+    assert row["optimizer_family"] == family
+    assert row["muon_ends"] == (optimizer.get("muon_ends", "adamw") if optimizer["name"] == "muon" else None)
+
+
+def test_muon_ends_fields_keep_old_ids_and_change_new_ones():
+    base = make(optimizer={"name": "muon", "lr": 3e-3})
+    explicit = make(optimizer={"name": "muon", "lr": 3e-3, "muon_ends": "adamw", "muon_ends_lr_ratio": 1.0})
+    assert explicit.trial_id == base.trial_id and '"muon_ends"' not in base.config_json()
+    pure = make(optimizer={"name": "muon", "lr": 3e-3, "muon_ends": "sgd"})
+    scaled = make(optimizer={"name": "muon", "lr": 3e-3, "muon_ends": "sgd", "muon_ends_lr_ratio": 30})
+    assert len({base.trial_id, pure.trial_id, scaled.trial_id}) == 3
+    assert TrialConfig.model_validate_json(scaled.config_json()) == scaled
+    with pytest.raises(ValidationError):
+        make(optimizer={"name": "muon", "lr": 3e-3, "muon_ends": "lion"})
+    with pytest.raises(ValidationError):
+        make(optimizer={"name": "muon", "lr": 3e-3, "muon_ends_lr_ratio": 0})

@@ -292,9 +292,13 @@ def train_steps(cfg: TrialConfig, model, opt, start: int, stop: int) -> None:
         opt.zero_grad(set_to_none=True)
 
 
-@pytest.mark.parametrize("name", ["adam", "sgd", "rotated_adam", "soap", "muon", "adafactor", "lion", "signsgd"])
+@pytest.mark.parametrize("name", ["adam", "sgd", "rotated_adam", "soap", "muon", "muon-sgd", "muon-rotated_adam",
+                                  "adafactor", "lion", "signsgd"])
 def test_state_dict_round_trip_continues_identically(name: str) -> None:
     extra = {"precondition_frequency": 2} if name == "soap" else {}  # a refresh after the resume
+    if name.startswith("muon-"):
+        name, ends = name.split("-")
+        extra = {"muon_ends": ends, "muon_ends_lr_ratio": 3.0}
     cfg = trial(name, weight_decay=0.1, seed=3, **extra)
     model = Transformer.from_config(cfg)
     opt = build_optimizer(cfg, model)
@@ -608,7 +612,7 @@ def test_muon_split_lr_and_orthogonalised_update() -> None:
     muon_names = {name_of[id(p)] for g in opt.muon.param_groups for p in g["params"]}
     assert muon_names == {n for n, p in model.named_parameters() if p.ndim == 2 and n.startswith("blocks.")}
     assert set(HIDDEN_MATRICES) <= muon_names  # the config's check names real parameters
-    adam_names = {name_of[id(p)] for g in opt.adamw.param_groups for p in g["params"]}
+    adam_names = {name_of[id(p)] for g in opt.ends.param_groups for p in g["params"]}
     assert adam_names == set(name_of.values()) - muon_names and "tok_emb.weight" in adam_names
     assert len(opt.param_groups) == 3 and all(g["lr"] == 1e-2 for g in opt.param_groups)
 
@@ -636,3 +640,93 @@ def test_muon_without_matrices_is_refused() -> None:
     from study.optim import muon_adamw
     with pytest.raises(ValueError, match="no 2-D parameter is left for Muon"):
         muon_adamw(model, lr=1e-3, exclude=("0.*",))
+
+
+# ---- muon's ends: AdamW, SGD or RotatedAdam; which runs are rotation-equivariant ------------------
+
+
+@pytest.mark.parametrize("ends, cls", [("adamw", torch.optim.AdamW), ("sgd", torch.optim.SGD), ("rotated_adam", RotatedAdam)])
+def test_muon_ends_optimiser_and_its_lr_ratio(ends: str, cls: type) -> None:
+    cfg = trial("muon", lr=1e-2, weight_decay=0.1, muon_ends=ends, muon_ends_lr_ratio=10.0, momentum=0.8)
+    model = Transformer.from_config(cfg)
+    opt = build_optimizer(cfg, model)
+    assert type(opt.ends) is cls
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    ends_names = {name_of[id(p)] for g in opt.ends.param_groups for p in g["params"]}
+    assert {"tok_emb.weight", "pos_emb.weight", "unembed.weight", "final_norm.weight"} <= ends_names
+    assert not any(n.endswith(("qkv.weight", "proj.weight", "fc.weight")) and n.startswith("blocks.") for n in ends_names)
+    if ends == "rotated_adam":  # residual dims rotate, the vocabulary and position dims never do
+        qo, qi = opt.ends.bases(model.tok_emb.weight)
+        assert qo is None and qi.shape == (32, 32) and opt.ends.bases(model.final_norm.weight)[0].shape == (32, 32)
+    for g in opt.param_groups:
+        g["lr"] = 1e-3  # a scheduler's write
+    gain = model.final_norm.weight
+    before = gain.detach().clone()
+    _, loss = model(*batch(cfg, 0))
+    loss.backward()
+    grad = gain.grad.clone()
+    opt.step()
+    assert all(g["lr"] == 1e-3 for g in opt.param_groups)  # restored after the scaled steps
+    step = gain.detach() - before
+    if ends == "sgd":  # first SGD step with momentum: buf = grad, no decay on vectors
+        torch.testing.assert_close(step, -1e-3 * 10.0 * grad, rtol=0, atol=2e-7)  # float32 rounding at 1.0
+    if ends == "adamw":  # first Adam step: -lr sign(grad) wherever |grad| >> eps
+        big = grad.abs() > 1e-5
+        torch.testing.assert_close(step[big], -1e-3 * 10.0 * grad[big].sign(), rtol=1e-3, atol=1e-7)
+
+
+def residual_equivariance_gap(optimizer: dict, steps: int = 8) -> tuple[float, float]:
+    """Train a float64 rmsnorm_scalar model A and its copy B rotated in the residual basis by a
+    Haar Q (invariance.rotate_residual_basis: the same function, every residual-basis parameter
+    rotated), each with its own optimiser from the same config. Returns (|rotate(A_N) - B_N|,
+    |A_N - A_0|) over all parameters: 0 when the whole update is rotation-equivariant."""
+    from study.invariance import rotate_residual_basis
+
+    cfg = trial(norm="rmsnorm_scalar", **optimizer)
+    a = Transformer.from_config(cfg, dtype=F64)
+    q = haar(32, "residual")
+    b = rotate_residual_basis(a, q)
+    a0 = [p.detach().clone() for p in a.parameters()]
+    for model in (a, b):
+        opt = build_optimizer(cfg, model)
+        for step in range(steps):
+            _, loss = model(*batch(cfg, step))
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    want = rotate_residual_basis(a, q)
+    gap = sum(float((p - r).detach().norm()) ** 2 for p, r in zip(b.parameters(), want.parameters())) ** 0.5
+    moved = sum(float((p - p0).detach().norm()) ** 2 for p, p0 in zip(a.parameters(), a0)) ** 0.5
+    return gap, moved
+
+
+def test_pure_muon_is_rotation_equivariant_up_to_its_bfloat16() -> None:
+    """muon_ends: sgd: Muon's Newton-Schulz on the matrices (equivariant up to its bfloat16, as
+    test_muon_on_matrices_is_equivariant_up_to_its_bfloat16) and SGD on the ends and gains."""
+    gap, moved = residual_equivariance_gap({"name": "muon", "lr": 1e-2, "muon_ends": "sgd", "muon_ends_lr_ratio": 30.0})
+    assert moved > 0.1 and gap < 0.03 * moved, (gap, moved)
+
+
+def test_muon_with_adamw_ends_is_not_rotation_equivariant() -> None:
+    gap, moved = residual_equivariance_gap({"name": "muon", "lr": 1e-2})
+    assert moved > 0.1 and gap > 0.2 * moved, (gap, moved)
+
+
+def test_sgd_whole_model_is_rotation_equivariant() -> None:
+    """The harness itself: plain SGD (no bf16 anywhere) rotates with the model to rounding."""
+    gap, moved = residual_equivariance_gap({"name": "sgd", "lr": 0.3, "momentum": 0.9})
+    assert moved > 0.1 and gap < 1e-10 * moved, (gap, moved)
+
+
+def test_soap_vectors_get_plain_adam_so_with_gains_it_is_mixed() -> None:
+    """Why config.optimizer_family calls soap on layernorm/rmsnorm `mixed`: its matrices' update
+    rotates with the problem (test_soap_is_equivariant_on_matrices) but a vector c, trained
+    beside them, gets per-coordinate Adam."""
+    f, g, po, pi, w0, c0 = rotated_problem()
+    a = [w0.clone().requires_grad_(), c0.clone().requires_grad_()]
+    b = [(po @ w0 @ pi.T).requires_grad_(), (po @ c0).requires_grad_()]
+    run(a, SOAP(a, lr=3e-2, eps=1e-2, precondition_frequency=1), 20, loss=f)
+    run(b, SOAP(b, lr=3e-2, eps=1e-2, precondition_frequency=1), 20, loss=g)
+    moved = float((a[1] - c0).norm())
+    gap = float((b[1] - po @ a[1]).norm())
+    assert moved > 0.1 and gap > 0.2 * moved, (gap, moved)
