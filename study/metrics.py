@@ -144,17 +144,16 @@ def control_metrics(x: Tensor, bases: Tensor, threshold: float = 6.0) -> Tensor:
 
     Token i (flattened) is rotated by basis i mod K, in one batched matmul, so the control
     costs what one basis on every token costs (K bases on every token cost K times that, over
-    the probe's budget on CPUs); the last N mod K tokens are left out. Kurtosis: the mean over
+    the probe's budget on CPUs); the last N mod K tokens are left out, and with fewer tokens
+    than bases only the first N bases are used (one token each). Kurtosis: the mean over
     the bases of each basis' token mean; conditional on the tokens each basis' value is an
     independent draw with expectation exactly kurtosis_null(d), so the mean's standard error
     is sd / sqrt(K). The other metrics are those of all the rotated tokens together (so counts
     and maxima see as many tokens as the stored basis does)."""
-    k, d = bases.shape[0], bases.shape[-1]
     v = _tokens(x)
+    k, d = min(bases.shape[0], v.shape[0]), bases.shape[-1]
     n = v.shape[0] // k
-    if n == 0:
-        raise ValueError(f"the random-basis control needs at least one token per basis ({k}), got {v.shape[0]}")
-    per_basis = torch.bmm(v[: n * k].view(n, k, d).transpose(0, 1), bases)  # (K, n, d): basis j gets tokens j, j+K, ...
+    per_basis = torch.bmm(v[: n * k].view(n, k, d).transpose(0, 1), bases[:k])  # (K, n, d): basis j gets tokens j, j+K, ...
     kurt = _kurtosis(per_basis)  # (K,)
     rest = _after_kurtosis(per_basis.reshape(n * k, d), threshold)
     return torch.stack([torch.nanmean(kurt), *rest, kurt.std()])
