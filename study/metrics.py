@@ -54,7 +54,8 @@ def kurtosis(x: Tensor) -> Tensor:
     """Elhage et al.'s activation kurtosis: for each token vector v in R^d, with m = mean(v),
     k = mean((v - m)^4) / mean((v - m)^2)^2, averaged over tokens.
 
-    Gaussian coordinates give 3, Laplace 6; always in [1, d - 2 + 1/(d-1)]; invariant to scaling
+    Gaussian coordinates give 3(d-1)/(d+1) in expectation (`kurtosis_null`, 3 as d grows),
+    Laplace about 6; always in [1, d - 2 + 1/(d-1)]; invariant to scaling
     v. Computed as mean(z^4) with z = (v - m) / std(v) so that large activations cannot
     overflow float32. Tokens whose std is below 1e-6 of their RMS (constant up to rounding)
     are undefined and left out.

@@ -116,6 +116,17 @@ def test_control_mean_is_the_exact_null_within_its_standard_error(name):
         assert sd > 0.15 and (single - kurtosis_null(d)).abs().max().item() > 2 * tolerance
 
 
+def test_private_metrics_take_a_stack_of_token_sets():
+    from study.metrics import _all_metrics
+    stack = torch.stack([gaussian(50, 12, seed=s) * (1 + s) for s in range(3)])
+    stack[1, :, 0] += 9.0  # one set with a basis-aligned outlier
+    batched = _all_metrics(stack, 2.0)
+    for k in range(3):
+        single = _all_metrics(stack[k], 2.0)
+        for metric, b, s1 in zip(METRICS, batched, single):
+            assert b.shape == (3,) and b[k].item() == pytest.approx(s1.item(), rel=1e-6), metric
+
+
 def test_control_other_metrics_see_every_rotated_token():
     d, x = 16, gaussian(70, 16, seed=3)  # 70 tokens, 32 bases: two each, the last 6 left out
     q = control_bases(d)
