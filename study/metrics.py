@@ -215,12 +215,13 @@ class ActivationProbe:
     Sites (blocks numbered 1..L):
     - `resid`, basis `stored`, layers 0..L: layer 0 = the input of blocks[0] (embeddings),
       layer l = the output of blocks[l-1];
-    - `resid`, basis `random` (the control): each METRICS value is the mean over
-      `n_bases` (CONTROL_BASES, 32) fixed Haar-random bases Q_k, drawn once per probe from
-      `generator_for(seed, "probe", k)`; token i is read in basis Q_(i mod K) (one batched
-      matmul, see `control_metrics`). Its kurtosis estimates the exact null `kurtosis_null(d)` =
-      3(d-1)/(d+1) whatever the activations (2.818 at d 32, 2.953 at d 128); one basis alone
-      is a draw with sd ~0.15 on trained models, up to ~0.6 when tokens are nearly parallel.
+    - `resid`, basis `random` (the control): the same activations read in `n_bases`
+      (CONTROL_BASES, 32) fixed Haar-random bases Q_k, drawn once per probe from
+      `generator_for(seed, "probe", k)`, token i in basis Q_(i mod K) (one batched matmul; see
+      `control_metrics`). Its kurtosis, the mean over the bases, estimates the exact null
+      `kurtosis_null(d)` = 3(d-1)/(d+1) whatever the activations (2.818 at d 32, 2.953 at
+      d 128); one basis alone is a draw with sd ~0.15 on trained models, up to ~0.6 when tokens
+      are nearly parallel. The other metrics are those of all the rotated tokens together.
       Row metric `kurtosis_sd`, basis `random`: the sd (n - 1 denominator) of the kurtosis
       across the bases, so the mean's standard error is kurtosis_sd / sqrt(n_bases);
     - `attn_in` / `mlp_in`, basis `computation`, layers 1..L: outputs of block.attn_norm /

@@ -341,7 +341,7 @@ def test_probe_with_rotated_ends_layer0_is_the_written_residual_and_sites_the_co
     assert rows["shared"][(0, "resid", "stored", "max_abs")] != pytest.approx(max_abs(emb).item(), rel=1e-3)
 
 
-def test_probe_random_basis_reads_three_under_heavy_tails():
+def test_probe_control_reads_the_exact_null_under_heavy_tails():
     model = tiny_model(d_model=128)
     with torch.no_grad():  # every token id gets a huge coordinate of its own: basis-aligned tails
         ids = torch.arange(256)
