@@ -27,7 +27,7 @@ FAMILIES: dict[str, str] = {
     "per_coordinate": "every parameter's update is per coordinate of the stored basis (adam, adafactor, lion, signsgd)",
     "rotation_equivariant": "rotating the basis rotates the whole run (sgd; muon with sgd ends)",
     "fixed_random_basis": "Adam in a fixed Haar-random basis per parameter (rotated_adam; muon with rotated_adam ends)",
-    "adaptive_basis": "Adam in Shampoo's eigenbasis (soap, when the model has no per-coordinate gain vectors)",
+    "adaptive_basis": "Adam in Shampoo's eigenbasis (soap, with soap_vectors: shampoo or no per-coordinate gain vectors)",
     "mixed": ("some parameters in the residual basis per coordinate, the rest not: muon with adamw ends (embeddings, "
               "unembedding, gains), soap with layernorm/rmsnorm gains (trained by plain Adam)"),
 }
@@ -58,10 +58,10 @@ def optimizer_family(optimizer: OptimizerConfig, norm: str) -> str:
     """The FAMILIES entry of this optimiser training a model with this norm: what trains every
     parameter that lives in the residual basis. muon: by its ends (MUON_ENDS_FAMILY). soap: its
     matrices' update is equivariant (the eigenbasis rotates with the gradients), but vectors get
-    plain Adam, so with per-coordinate gains it is `mixed`."""
+    plain Adam (unless soap_vectors: shampoo), so with per-coordinate gains it is `mixed`."""
     if optimizer.name == "muon":
         return MUON_ENDS_FAMILY[optimizer.muon_ends]
-    if optimizer.name == "soap" and norm in PER_COORDINATE_GAINS:
+    if optimizer.name == "soap" and optimizer.soap_vectors == "adam" and norm in PER_COORDINATE_GAINS:
         return "mixed"
     return OPTIMIZER_FAMILY[optimizer.name]
 
@@ -260,6 +260,10 @@ class OptimizerConfig(_Frozen):
     """soap: decay rate of Shampoo's factors L = E[G G^T], R = E[G^T G]."""
     max_precond_dim: int = Field(default=4096, gt=0)
     """soap: matrix sides longer than this are not preconditioned (identity basis there)."""
+    soap_vectors: Literal["adam", "shampoo"] = "adam"
+    """soap: gain and bias vectors by plain Adam, per coordinate (the reference's default; with
+    layernorm/rmsnorm the run's family is `mixed`), or in the eigenbasis of E[g g^T], one-sided
+    as a 1 x n matrix (the reference's precondition_1d; family adaptive_basis)."""
     muon_momentum: float = Field(default=0.95, ge=0, lt=1)
     """muon: Nesterov momentum of the orthogonalised matrices."""
     muon_lr_ratio: float = Field(default=1.0, gt=0)
@@ -279,7 +283,7 @@ class OptimizerConfig(_Frozen):
     """muon: the ends' peak lr as a multiple of lr. Needed for sgd ends, whose good lr is an
     SGD's (the tests' 0.1), not Adam's (1e-3 to 1e-2): about 10 to 100 there."""
 
-    id_optional: ClassVar[tuple[str, ...]] = ("muon_ends", "muon_ends_lr_ratio")
+    id_optional: ClassVar[tuple[str, ...]] = ("muon_ends", "muon_ends_lr_ratio", "soap_vectors")
 
     @model_validator(mode="after")
     def _check_betas(self) -> OptimizerConfig:

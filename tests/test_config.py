@@ -150,6 +150,7 @@ def test_a_new_field_at_its_default_leaves_the_ids_alone(monkeypatch):
     ({"name": "soap", "lr": 1e-3}, "rmsnorm_scalar", "adaptive_basis"),
     ({"name": "soap", "lr": 1e-3}, "layernorm", "mixed"),  # its gain and bias vectors get plain Adam
     ({"name": "soap", "lr": 1e-3}, "rmsnorm", "mixed"),
+    ({"name": "soap", "lr": 1e-3, "soap_vectors": "shampoo"}, "layernorm", "adaptive_basis"),
     ({"name": "sgd", "lr": 1e-1}, "layernorm", "rotation_equivariant"),
     ({"name": "rotated_adam", "lr": 1e-3}, "layernorm", "fixed_random_basis"),
     ({"name": "adam", "lr": 1e-3}, "rmsnorm_scalar", "per_coordinate"),
