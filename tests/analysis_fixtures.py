@@ -59,7 +59,7 @@ def _trial_rows(configs: list, values: dict[str, float]) -> tuple[list[dict], li
         row = {c: None for c in RUNS_SCHEMA}
         row.update(cfg.flat())
         row.update(trial_id=cfg.trial_id, sweep="ids", status="done", final_val_loss=values[label],
-                   config_json=cfg.model_dump_json())  # fmt: skip
+                   config_json=cfg.config_json())  # fmt: skip  (as study.train writes it)
         runs.append(row)
         d = cfg.model.d_model
         for layer in (1, 2):
