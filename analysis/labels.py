@@ -1,9 +1,13 @@
-"""Readable names for the recorded sites and bases, declared once (chart titles, legends,
-table labels)."""
+"""Readable names, declared once: the recorded sites and bases (chart titles, legends, table
+labels) and trial labels that name what varies within a sweep (progress lines, `sweep status`)."""
 
 from __future__ import annotations
 
-__all__ = ["BASIS_SERIES", "SITE_NAMES"]
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+__all__ = ["BASIS_SERIES", "LABEL_AXES", "SITE_NAMES", "trial_label", "trial_labels", "varying_axes"]
 
 SITE_NAMES = {
     ("resid", "stored"): "residual stream",
@@ -23,3 +27,86 @@ BASIS_SERIES = {
 }
 """The (site, basis) series ``queries.basis_comparison`` compares, with their legend names
 (in legend order)."""
+
+
+LABEL_AXES = (
+    "d_model", "n_layers", "n_heads", "d_mlp", "optimizer", "lr", "momentum", "nesterov", "weight_decay",
+    "eps", "beta1", "beta2", "rotate", "precondition_frequency", "norm", "rotation_label", "batch_size",
+    "seq_len", "seed",
+)  # fmt: skip
+"""The flat runs columns (``TrialConfig.flat()``) a trial label may name, in label order. Columns
+of an optimiser's own options (``muon_*``, ``soap_*``, ...) count too, after ``rotate``."""
+
+_WITHIN = {"optimizer": (), "d_mlp": ("optimizer", "d_model"), "n_heads": ("optimizer", "d_model")}
+"""An axis varies when it takes several values among trials equal in these columns (default: the
+optimiser); d_mlp and n_heads that follow d_model (4 d_model, d_model / 64) add nothing to it."""
+_BARE = ("optimizer", "norm", "rotation_label")  # values that name themselves: "sgd", not "optimizer sgd"
+_OPTION = re.compile(r"^(adam|sgd|rotated_adam|soap|muon|adafactor|lion|signsgd)_")
+
+
+def _axes_of(rows: Sequence[Mapping[str, Any]], options: Iterable[str]) -> list[str]:
+    options = sorted({k for r in rows for k in r if _OPTION.match(k)} | set(options))
+    at = LABEL_AXES.index("precondition_frequency") + 1
+    return [*LABEL_AXES[:at], *options, *LABEL_AXES[at:]]
+
+
+def _key(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _varying(rows: Sequence[Mapping[str, Any]], options: Iterable[str]) -> dict[str, set[tuple]]:
+    """axis -> the groups (values of its ``_WITHIN`` columns) in which it takes several values."""
+    out: dict[str, set[tuple]] = {}
+    for axis in _axes_of(rows, options):
+        within = _WITHIN.get(axis, ("optimizer",))
+        groups: dict[tuple, set] = {}
+        for r in rows:
+            if r.get(axis) is not None:
+                groups.setdefault(tuple(_key(r.get(c)) for c in within), set()).add(_key(r[axis]))
+        varying = {g for g, values in groups.items() if len(values) > 1}
+        if varying:
+            out[axis] = varying
+    return out
+
+
+def varying_axes(rows: Sequence[Mapping[str, Any]], options: Iterable[str] = ()) -> list[str]:
+    """The axes (``LABEL_AXES`` and optimiser options) that take more than one value among
+    ``rows`` (flat run columns, one mapping per trial). An optimiser's hyper-parameter varies
+    when it differs between trials of the same optimiser: adam at 3e-3 beside sgd at 0.3 is told
+    apart by the optimiser alone, an sgd lr ladder is not; d_mlp that grows with d_model is not
+    named beside it. Nulls (an option that does not apply) never count as a value.
+    ``options``: further optimiser option keys of ``rows`` to consider (keys that start with an
+    optimiser's name, ``muon_*``, always are)."""
+    return list(_varying(rows, options))
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return ",".join(_value(v) for v in value)
+    return str(value)
+
+
+def trial_label(row: Mapping[str, Any], axes: Sequence[str], *, sep: str = " · ") -> str:
+    """``row`` named by ``axes`` (from ``varying_axes``), e.g. ``d_model 64 · sgd · lr 0.3``;
+    an axis that does not apply to this trial (null) is left out."""
+    parts = []
+    for axis in axes:
+        value = row.get(axis)
+        if value is not None:
+            parts.append(_value(value) if axis in _BARE else f"{axis} {_value(value)}")
+    return sep.join(parts)
+
+
+def trial_labels(rows: Sequence[Mapping[str, Any]], options: Iterable[str] = (), *, sep: str = " · ") -> list[str]:
+    """One label per row naming the axes that vary among ``rows`` (``varying_axes``), each where
+    it varies: an adam beta2 ladder beside muon names beta2 on the adam trials only. "" for every
+    row when nothing varies (a one-trial sweep). ``options``: see ``varying_axes``."""
+    varying = _varying(rows, options)
+    out = []
+    for r in rows:
+        axes = [a for a, groups in varying.items()
+                if tuple(_key(r.get(c)) for c in _WITHIN.get(a, ("optimizer",))) in groups]
+        out.append(trial_label(r, axes, sep=sep))
+    return out

@@ -68,6 +68,7 @@ ARROW: dict[str, pa.Schema] = {
         # where and what ran
         ("device", _S), ("node", _S), ("torch_version", _S), ("version", _S),
         ("git_sha", _S), ("corpus_fingerprint", _S), ("error", _S), ("config_json", _S),
+        ("device_detail", _S),  # GPU name, CPU model, torch's CPU kernel path: results differ across them
     ]),
     "metrics": pa.schema([
         ("trial_id", _S), ("step", _I), ("tokens", _I), ("layer", _I),

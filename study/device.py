@@ -14,7 +14,9 @@ the worker's own baggage, and it never resets, so it bounds the trial from above
 from __future__ import annotations
 
 import os
+import platform
 import resource
+import subprocess
 import sys
 from typing import TYPE_CHECKING
 
@@ -47,6 +49,8 @@ def peak_flops(name: str) -> float | None:
     override = os.environ.get("SWEEP_PEAK_FLOPS")
     if override:
         return float(override)
+    if name.startswith("cpu"):  # a CPU model name may contain a table key ("... T4 ...")
+        return None
     for key, peak in PEAK_FLOPS:
         if key in name:
             return peak
@@ -99,3 +103,42 @@ def should_compile(setting: bool | str, device: torch.device, params: int) -> bo
 def use_bf16(precision: str, device: torch.device) -> bool:
     """bf16 autocast: `auto` on CUDA only; `bf16` anywhere (CPU autocast too); `fp32` never."""
     return precision == "bf16" or (precision == "auto" and device.type == "cuda")
+
+
+def cpu_model() -> str:
+    """The host CPU's model name: /proc/cpuinfo's "model name", else lscpu's "Model name",
+    else platform.processor() or the machine type (macOS, or a kernel that hides it)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and ":" in line:
+                    return " ".join(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    try:
+        text = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=5).stdout
+        for line in text.splitlines():
+            if line.startswith("Model name:"):
+                return " ".join(line.split(":", 1)[1].split())
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def device_detail(device: torch.device) -> str:
+    """What decides a trial's floating-point results beyond its config (the runs column
+    `device_detail`): the GPU's name, compute capability and CUDA version on CUDA; the host CPU
+    model and the CPU kernel path torch dispatches to (AVX2, AVX512, ...) everywhere; BLAS."""
+    import torch
+
+    parts = []
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        parts.append(f"{torch.cuda.get_device_name(device)} (sm_{major}{minor}, CUDA {torch.version.cuda})")
+    parts.append(f"cpu {cpu_model()} ({platform.machine()})")
+    get_capability = getattr(torch.backends.cpu, "get_cpu_capability", None)
+    if get_capability is not None:
+        parts.append(f"torch cpu kernels {get_capability()}")
+    if torch.backends.mkl.is_available():
+        parts.append("MKL")
+    return "; ".join(parts)

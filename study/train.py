@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import platform
 import subprocess
 import time
 from dataclasses import asdict, dataclass, field
@@ -22,7 +21,7 @@ import torch
 
 from study.config import TrialConfig
 from study.data import eval_batch, load_corpus, sample_batch
-from study.device import limit_memory, mfu, peak_memory_bytes, reset_peak_memory, should_compile, use_bf16
+from study.device import cpu_model, device_detail, limit_memory, mfu, peak_memory_bytes, reset_peak_memory, should_compile, use_bf16
 from study.invariance import loss_change_by_dtype
 from study.metrics import ActivationProbe
 from study.model import Transformer
@@ -162,7 +161,7 @@ def code_version() -> tuple[str, str]:
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    return f"cpu ({cpu_model()}, {torch.get_num_threads()} threads)"
 
 
 def save_checkpoint(directory: Path, state: dict[str, Any]) -> None:
@@ -363,6 +362,7 @@ def run_row(cfg: TrialConfig, summary: RunSummary, device: torch.device | str, f
     return {
         "trial_id": cfg.trial_id, "sweep": cfg.sweep, **cfg.flat(), **asdict(summary),
         "device": device_name(device) if isinstance(device, torch.device) else device,
+        "device_detail": device_detail(device) if isinstance(device, torch.device) else None,
         "torch_version": torch.__version__, "version": pkg, "git_sha": sha,
         "corpus_fingerprint": fingerprint, "error": error, "config_json": cfg.config_json(),
     }

@@ -172,7 +172,7 @@ def run(
                   f" → {folder}")
         from sweep.progress import ProgressCallback
 
-        return [ProgressCallback(todo, progress)] if todo else None
+        return [ProgressCallback(todo, progress, sweep_trials=trials)] if todo else None
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                         TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=out)
@@ -224,10 +224,14 @@ def status(
         why = SweepLock.stale(st.lock)
         out.print(f"run.lock: {'stale, ' + why if why else 'a run is in progress'} ({SweepLock.describe(st.lock)})",
                   highlight=False)
+    from analysis.labels import trial_labels  # names what varies among the store's trials
+
+    labels = dict(zip(runs["trial_id"].to_list(), trial_labels(runs.to_dicts()), strict=True)) if st.failed.height else {}
     for row in st.failed.iter_rows(named=True):
         line = (row["error"] or "").strip().splitlines()[-1:] or [f"at step {row['steps']}"]
-        out.print(f"[red]{row['status']}[/] {row['trial_id']} {row['optimizer']} {row['norm']} "
-                  f"{row['rotation_label']} d={row['d_model']} seed={row['seed']}: {line[0]}", highlight=False)
+        label = labels.get(row["trial_id"])
+        out.print(f"[red]{row['status']}[/] {row['trial_id']}" + (f" ({label})" if label else "") + f": {line[0]}",
+                  highlight=False)
     for trial_id in st.unfinished:
         out.print(f"[yellow]started, no result[/] {trial_id}: running, or interrupted (`sweep run` re-runs it)",
                   highlight=False)

@@ -8,15 +8,44 @@ from __future__ import annotations
 from ray.tune import Callback
 from rich.progress import Progress
 
+from analysis.labels import trial_labels
 from study.config import TrialConfig
+
+_FLAT_ALREADY = ("name", "lr", "betas", "eps", "weight_decay", "momentum", "nesterov", "rotate",
+                 "precondition_frequency", "muon_momentum")  # OptimizerConfig fields flat() carries
+
+
+def label_rows(trials: list[TrialConfig]) -> tuple[list[dict], list[str]]:
+    """Each trial's flat columns plus the options of its own optimiser that flat() leaves out
+    (muon_lr_ratio, shampoo_beta, ...), and the names of those options: the input of
+    analysis.labels.trial_labels."""
+    fields = [f for f in type(trials[0].optimizer).model_fields if f not in _FLAT_ALREADY] if trials else []
+    rows, options = [], set()
+    for t in trials:
+        o = t.optimizer
+        own = {f: getattr(o, f) for f in fields if f.startswith(o.name + "_") or _applies(o.name, f)}
+        options |= set(own)
+        rows.append({**t.flat(), **own})
+    return rows, sorted(options)
+
+
+def _applies(optimizer: str, field: str) -> bool:
+    return optimizer == "soap" and field in ("shampoo_beta", "max_precond_dim")
+
+
+def labels_for(trials: list[TrialConfig]) -> dict[str, str]:
+    """trial_id -> a label naming every axis that varies among `trials` (and no other)."""
+    rows, options = label_rows(trials)
+    return dict(zip((t.trial_id for t in trials), trial_labels(rows, options), strict=True))
 
 
 class ProgressCallback(Callback):
-    def __init__(self, trials: list[TrialConfig], progress: Progress):
+    def __init__(self, trials: list[TrialConfig], progress: Progress, sweep_trials: list[TrialConfig] | None = None):
+        """`trials`: those to run; `sweep_trials` (default: the same): the whole grid, whose
+        varying axes the labels name, so a rerun of one lr of a ladder still says its lr."""
         self.flops = {t.trial_id: t.flops_per_token * t.total_tokens for t in trials}
         self.steps = {t.trial_id: t.total_steps for t in trials}
-        self.labels = {t.trial_id: f"d_model {t.model.d_model} {t.optimizer.name} {t.norm} {t.rotation.label} seed {t.seed}"
-                       for t in trials}
+        self.labels = {tid: f" ({label})" if label else "" for tid, label in labels_for(sweep_trials or trials).items()}
         self.last: dict[str, dict] = {}
         self.progress = progress
         self.task = progress.add_task("starting Ray", total=sum(self.flops.values()) or 1.0)
@@ -58,15 +87,15 @@ class ProgressCallback(Callback):
         last = self.last.get(tid, {})
         loss, status = last.get("val_loss"), last.get("status", "done")
         if status == "diverged":  # its own line came with the result; a trial that ends diverged is not "done"
-            self.progress.console.print(f"[yellow]diverged[/] {tid} ({self.labels[tid]}): it stopped at step "
+            self.progress.console.print(f"[yellow]diverged[/] {tid}{self.labels[tid]}: it stopped at step "
                                         f"{last.get('step')}", highlight=False)
         else:
-            self.progress.console.print(f"done {tid} ({self.labels[tid]})" + (f": val loss {loss:.3f}" if loss else ""),
+            self.progress.console.print(f"done {tid}{self.labels[tid]}" + (f": val loss {loss:.3f}" if loss else ""),
                                         highlight=False)
         self._refresh()
 
     def on_trial_error(self, iteration, trials, trial, **info):
         tid = self._finish(trial)
         self.failed += 1
-        self.progress.console.print(f"[red]failed[/] {tid} (its error: `sweep status`)")
+        self.progress.console.print(f"[red]failed[/] {tid}{self.labels[tid]} (its error: `sweep status`)")
         self._refresh()

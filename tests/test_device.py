@@ -58,6 +58,47 @@ def test_cpu_run_row_records_peak_rss_and_no_mfu(monkeypatch):
     assert sink.run_row["mfu"] == pytest.approx(tiny().flops_per_token * sink.run_row["tokens_per_s"] / 1e11)
 
 
+def test_cpu_model_is_read_from_proc_cpuinfo_else_lscpu_else_platform(monkeypatch, tmp_path):
+    import builtins
+    import platform
+    import subprocess
+
+    model = D.cpu_model()
+    assert model and model != "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            named = [" ".join(l.split(":", 1)[1].split()) for l in f if l.startswith("model name")]
+    except OSError:
+        named = []
+    if named:
+        assert model == named[0]
+    real_open = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda p, *a, **k: (_ for _ in ()).throw(OSError("no /proc"))
+                        if p == "/proc/cpuinfo" else real_open(p, *a, **k))
+    lscpu = subprocess.CompletedProcess(["lscpu"], 0, stdout="Architecture: x86_64\nModel name:   Some  CPU 9000\n")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: lscpu)
+    assert D.cpu_model() == "Some CPU 9000"
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: (_ for _ in ()).throw(OSError("no lscpu")))
+    monkeypatch.setattr(platform, "processor", lambda: "arm")
+    assert D.cpu_model() == "arm"
+
+
+def test_cpu_names_have_no_peak_even_when_the_model_holds_a_table_key(monkeypatch):
+    monkeypatch.delenv("SWEEP_PEAK_FLOPS", raising=False)
+    assert D.peak_flops("cpu (Imaginary T4 A100 Processor, 2 threads)") is None
+
+
+def test_run_row_records_the_cpu_model_and_torch_kernel_path():
+    """Results differ across CPU models and kernel paths (docs/reproducibility.md): every row says which."""
+    sink = MemorySink()
+    train(tiny(steps=2), sink)
+    row = sink.run_row
+    assert D.cpu_model() in row["device"] and row["device"].startswith("cpu (")
+    assert D.cpu_model() in row["device_detail"]
+    assert f"torch cpu kernels {torch.backends.cpu.get_cpu_capability()}" in row["device_detail"]
+    assert "sm_" not in row["device_detail"]  # no GPU named on a CPU trial
+
+
 def test_bf16_autocast_on_cpu_trains():
     sink = MemorySink()
     s = train(tiny(steps=6, precision="bf16"), sink)
@@ -75,6 +116,12 @@ def test_compiled_trial_matches_eager_on_cpu():
 
 
 # ---- CUDA only --------------------------------------------------------------------------------
+
+
+@cuda
+def test_cuda_run_row_names_the_gpu_and_its_host():
+    detail = D.device_detail(torch.device("cuda"))
+    assert torch.cuda.get_device_name() in detail and "sm_" in detail and D.cpu_model() in detail
 
 
 @cuda
