@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from study.config import (
     DataConfig, FieldError, ModelConfig, NormName, OptimizerConfig, RotationConfig, RuntimeConfig,
@@ -72,15 +72,96 @@ def expand_ladders(entries: Any) -> tuple[Any, list[tuple[int, dict[str, int]]]]
     return out, sources
 
 
+def _fraction(value: Any) -> Any:
+    """`2/3` as written in YAML (a string) -> 0.666...; anything else unchanged."""
+    if isinstance(value, str) and re.fullmatch(r"\s*-?\d+(\.\d+)?\s*/\s*\d+(\.\d+)?\s*", value):
+        top, bottom = (float(part) for part in value.split("/"))
+        if bottom == 0:
+            raise ValueError(f"a fraction with denominator 0: {value.strip()}")
+        return top / bottom
+    return value
+
+
+class _SizeRule(_Spec):
+    """A hyper-parameter that follows a power of the model size: value x (N / reference_params)
+    ** exponent, N = the trial's non-embedding parameters."""
+
+    reference_params: float = Field(gt=0)
+    """N0: the non-embedding parameter count at which the written value holds."""
+    exponent: float
+    """b: the power of N / N0 (a number, or a fraction such as 2/3 or -1/3)."""
+
+    @field_validator("exponent", mode="before")
+    @classmethod
+    def _read_fraction(cls, value: Any) -> Any:
+        return _fraction(value)
+
+    def factor(self, params_non_embedding: int) -> float:
+        """(N / N0) ** b; inf where that overflows (the callers refuse it at their field)."""
+        try:
+            return (params_non_embedding / self.reference_params) ** self.exponent
+        except OverflowError:
+            return math.inf
+
+
+class LrScaling(_SizeRule):
+    """lr per model size: the entry's lr x (params_non_embedding / reference_params) ** exponent,
+    a fitted lr*(N) = lr0 (N / N0)^b (`sweep report` of an lr-ladder sweep writes lr0 and b to
+    lr_fit.csv; write lr0 as the entry's lr). Porian et al. 2024 and DeepSeek LLM (2024) find the
+    optimal AdamW lr falls with size (b < 0); OLMo's ladder uses lr ~ N^(-1/3)."""
+
+
+class BatchScaling(_SizeRule):
+    """Batch per model size: train.batch_size x (params_non_embedding / reference_params) **
+    exponent sequences, rounded to a multiple of `multiple` (at least one). The published rule:
+    DeepSeek LLM (2024) fits the optimal batch B ~ C^0.327 in compute C; at a fixed number of
+    tokens per parameter C ~ N^2, so B ~ N^0.65, the exponent 2/3 of OLMo's ladder."""
+
+    multiple: int = Field(default=8, gt=0)
+    """The batch is a multiple of this (8: tensor-core and data-parallel friendly)."""
+
+    def batch(self, base: int, params_non_embedding: int) -> int:
+        return max(self.multiple, round(base * self.factor(params_non_embedding) / self.multiple) * self.multiple)
+
+
+class TrainSpec(TrainConfig):
+    """The spec's `train:` section: a TrainConfig, plus rules that scale the batch and warmup with
+    model size. They are resolved per trial, so every TrialConfig holds plain numbers."""
+
+    batch_scaling: BatchScaling | None = None
+    """Scale batch_size with model size (BatchScaling); none: every size trains at batch_size."""
+    warmup_tokens_per_param: float | None = Field(default=None, gt=0)
+    """Warmup of this many tokens per non-embedding parameter, in whole steps (at least one),
+    replacing `warmup`. Porian et al. 2024 ("Resolving discrepancies in compute-optimal scaling")
+    name a warmup too long for small models as one cause of Kaplan's exponent and set warmup to
+    N tokens (1 per parameter)."""
+
+    def plain(self) -> TrainConfig:
+        """The TrainConfig without the size rules (as written: the reference size's values)."""
+        return TrainConfig.model_validate(self.model_dump(exclude={"batch_scaling", "warmup_tokens_per_param"}))
+
+
+class OptimizerEntry(OptimizerConfig):
+    """A grid optimizer entry: an OptimizerConfig, plus an optional lr rule over model size."""
+
+    lr_scaling: LrScaling | None = None
+    """{reference_params: N0, exponent: b}: the trial's lr is lr x (params_non_embedding / N0) ** b."""
+
+    def plain(self) -> OptimizerConfig:
+        """The OptimizerConfig without the rule (lr as written, at the reference size)."""
+        return OptimizerConfig.model_validate(self.model_dump(exclude={"lr_scaling"}))
+
+
 class Grid(_Spec):
     """Axes of the cartesian product; each is a list."""
 
     model: list[ModelConfig] = Field(min_length=1)
     """Model shapes: {depth: n} or {d_model, n_layers, n_heads, d_mlp}."""
-    optimizer: list[OptimizerConfig] = Field(min_length=1)
+    optimizer: list[OptimizerEntry] = Field(min_length=1)
     """Optimisers with their hyper-parameters. Any field may be a list, a ladder: `{name: sgd,
     lr: [0.1, 0.3, 1.0]}` is three grid points; for betas, a list of pairs. Several ladders in
-    one entry give their cartesian product. Holds the expanded entries once validated."""
+    one entry give their cartesian product. `lr_scaling` moves the lr with model size
+    (LrScaling). Holds the expanded entries once validated."""
     norm: list[NormName] = Field(default=["layernorm"], min_length=1)
     """Norm types."""
     rotation: list[RotationConfig] = Field(default=[RotationConfig()], min_length=1)
@@ -151,8 +232,8 @@ class SweepSpec(_Spec):
     """Sweep name: the results sub-folder."""
     data: DataConfig = DataConfig()
     """Corpus and context length, shared by every trial."""
-    train: TrainConfig
-    """Schedule shared by every trial."""
+    train: TrainSpec
+    """Schedule shared by every trial (batch and warmup may follow model size: TrainSpec)."""
     grid: Grid
     """The axes."""
     resources: Resources = Resources()
@@ -447,14 +528,48 @@ def load_spec(path: str | Path, *, unprepared_ok: bool = False) -> SweepSpec:
 
 def trial_config(spec: SweepSpec, model: ModelConfig, optimizer: OptimizerConfig, norm: str,
                  rotation: RotationConfig, seed: int) -> TrialConfig:
+    """One grid point's TrialConfig, with the size rules (lr_scaling, batch_scaling,
+    warmup_tokens_per_param) resolved to plain numbers. A rule that gives no usable value raises
+    FieldError at its place (("optimizer", "lr_scaling") or ("train", ...))."""
+    lr_rule = optimizer.lr_scaling if isinstance(optimizer, OptimizerEntry) else None
+    if isinstance(optimizer, OptimizerEntry):
+        optimizer = optimizer.plain()
+    train: TrainConfig = spec.train.plain() if isinstance(spec.train, TrainSpec) else spec.train
     cfg = TrialConfig(model=model, norm=norm, rotation=rotation, optimizer=optimizer, data=spec.data,
-                      train=spec.train, seed=seed, sweep=spec.name,
+                      train=train, seed=seed, sweep=spec.name,
                       runtime=RuntimeConfig(device=spec.device, compile=spec.compile))
+    batch_rule = getattr(spec.train, "batch_scaling", None)
+    warmup_rule = getattr(spec.train, "warmup_tokens_per_param", None)
+    if lr_rule or batch_rule or warmup_rule:
+        cfg = _sized(cfg, lr_rule, batch_rule, warmup_rule)
     want = spec.resources.for_params(cfg.params)
     # A GPU share below one caps the trial's memory to it, so packed trials cannot starve each other.
     share = want["gpu"] if 0 < want["gpu"] < 1 else None
     runtime = cfg.runtime.model_copy(update={"num_threads": max(1, math.floor(want["cpu"])), "gpu_fraction": share})
     return cfg.model_copy(update={"runtime": runtime})
+
+
+def _sized(cfg: TrialConfig, lr_rule: LrScaling | None, batch_rule: BatchScaling | None,
+           warmup_rule: float | None) -> TrialConfig:
+    """cfg with its lr, batch and warmup set by the size rules, at its non-embedding size."""
+    n = cfg.params_non_embedding
+    optimizer, train = cfg.optimizer, cfg.train
+    if lr_rule is not None:
+        lr = optimizer.lr * lr_rule.factor(n)
+        if not (math.isfinite(lr) and lr > 0):
+            raise FieldError(("optimizer", "lr_scaling"), f"gives lr {lr:g} at {n:,} non-embedding parameters "
+                                                          "(must be finite and > 0)")
+        optimizer = optimizer.model_copy(update={"lr": lr})
+    if batch_rule is not None:
+        factor = batch_rule.factor(n)
+        if not math.isfinite(factor) or train.batch_size * factor > 2**31:
+            raise FieldError(("train", "batch_scaling"), f"gives a batch of {train.batch_size * factor:g} "
+                                                         f"sequences at {n:,} non-embedding parameters")
+        train = train.model_copy(update={"batch_size": batch_rule.batch(train.batch_size, n)})
+    if warmup_rule is not None:
+        tokens_per_step = train.batch_size * cfg.data.seq_len
+        train = train.model_copy(update={"warmup": float(max(1, math.ceil(warmup_rule * n / tokens_per_step)))})
+    return TrialConfig(**{**{f: getattr(cfg, f) for f in TrialConfig.model_fields}, "optimizer": optimizer, "train": train})
 
 
 def _check_points(spec: SweepSpec, where: _Where):
@@ -466,6 +581,10 @@ def _check_points(spec: SweepSpec, where: _Where):
         index = {"model": mi, "optimizer": oi, "norm": ni, "rotation": ri}
         try:
             cfg = trial_config(spec, m, o, n, r, g.seed[0])
+        except FieldError as exc:  # a size rule (lr_scaling, batch_scaling) with no usable value here
+            loc = ("grid", "optimizer", oi, *exc.loc[1:]) if exc.loc[0] == "optimizer" else exc.loc
+            yield where.format(loc, f"{exc} (with grid.model[{mi}])")
+            continue
         except ValidationError as exc:
             for err in exc.errors():
                 rel = tuple(getattr((err.get("ctx") or {}).get("error"), "loc", ()) or ())

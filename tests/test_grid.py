@@ -1,6 +1,7 @@
 import pytest
 
 from sweep.grid import expand, select
+from study.config import TrialConfig
 from sweep.spec import SpecError, parse_spec, trial_config
 
 SPEC = {
@@ -90,3 +91,60 @@ def test_a_ladder_point_equal_to_another_entry_names_both():
         parse_spec(optimizers({"name": "sgd", "lr": [0.1, 0.3]}, {"name": "sgd", "lr": 0.3}))
     with pytest.raises(SpecError, match=r"grid.optimizer\[0\].lr\[2\]: the same grid point as grid.optimizer\[0\].lr\[0\]"):
         parse_spec(optimizers({"name": "sgd", "lr": [0.1, 0.3, 0.1]}))
+
+
+SIZES = {
+    "name": "sized", "data": {"corpus": "stdlib", "seq_len": 16},
+    "train": {"tokens_per_param": 2, "batch_size": 8, "eval_batch": {"sequences": 2}},
+    "grid": {"model": [{"d_model": 32, "n_layers": 2, "n_heads": 2}, {"d_model": 128, "n_layers": 2, "n_heads": 2}],
+             "optimizer": [{"name": "adam", "lr": 1e-3}, {"name": "sgd", "lr": [0.1, 0.3]}]},
+}
+
+
+def _with(optimizer_rule=None, **train):
+    spec = {**SIZES, "train": {**SIZES["train"], **train},
+            "grid": {**SIZES["grid"], "optimizer": [dict(o) for o in SIZES["grid"]["optimizer"]]}}
+    if optimizer_rule:
+        spec["grid"]["optimizer"][0]["lr_scaling"] = optimizer_rule
+    return expand(parse_spec(spec))
+
+
+def test_lr_scaling_sets_each_sizes_lr_from_the_fitted_rule():
+    plain = _with()
+    n0 = plain[0].params_non_embedding
+    sized = _with({"reference_params": n0, "exponent": "-1/3"})
+    assert [type(t.optimizer).__name__ for t in sized] == ["OptimizerConfig"] * len(sized)  # plain numbers
+    for p, s in zip(plain, sized, strict=True):
+        if p.optimizer.name == "adam":
+            assert s.optimizer.lr == pytest.approx(1e-3 * (p.params_non_embedding / n0) ** (-1 / 3), rel=1e-12)
+        else:  # the sgd entry has no rule: its trials are the very same
+            assert s.trial_id == p.trial_id
+    assert sized[0].trial_id == plain[0].trial_id  # at N0 the rule gives the written lr: the same trial
+    big = next(t for t in sized if t.model.d_model == 128 and t.optimizer.name == "adam")
+    assert big.optimizer.lr < 1e-3 / 2 and "lr_scaling" not in big.config_json()
+
+
+def test_batch_scaling_rounds_to_a_multiple_and_warmup_follows_tokens_per_param():
+    plain = _with()
+    n0 = plain[0].params_non_embedding
+    sized = _with(batch_scaling={"reference_params": n0, "exponent": "2/3"}, warmup_tokens_per_param=1)
+    for p, s in zip(plain, sized, strict=True):
+        n = p.params_non_embedding
+        want = max(8, round(8 * (n / n0) ** (2 / 3) / 8) * 8)
+        assert s.train.batch_size == want and s.train.batch_size % 8 == 0
+        assert s.train.warmup == max(1, -(-n // (want * 16)))  # ceil(N tokens / tokens per step) steps
+        assert s.total_steps <= p.total_steps  # the same tokens in fewer, larger steps
+        assert type(s.train).__name__ == "TrainConfig" and "batch_scaling" not in s.config_json()
+    assert {t.train.batch_size for t in sized} == {8, 8 * round((sized[-1].params_non_embedding / n0) ** (2 / 3))}
+
+
+def test_specs_without_size_rules_keep_their_ids():
+    """The spec's optimizer entries and train section gained the rules' fields (at None): the
+    trials they build hash as before (ids from the code before them)."""
+    golden = ["ddcb080f6b50", "a2a6ebf202fb", "74cf01b22fa8", "db8b0cb1f0eb", "b1755c22b8b2", "2b22f133814c"]
+    trials = expand(parse_spec(SIZES))
+    assert [t.trial_id for t in trials] == golden
+    for t in trials:
+        direct = TrialConfig(model=t.model, norm=t.norm, rotation=t.rotation, optimizer=t.optimizer.model_dump(),
+                             data=t.data, train=t.train.model_dump(), seed=t.seed, sweep=t.sweep)
+        assert direct.science_json() == t.science_json()

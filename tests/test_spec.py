@@ -50,6 +50,21 @@ def test_good_spec(tmp_path):
     ("rotation: [none,", "rotation: [nonee,", "grid.rotation[0]"),
     ("name: t", "name: t\ndata: {text: /no/such/file.txt}", "data.text: no such file or folder: /no/such/file.txt (line 2)"),
     ("name: t", "name: t\nresources: {cpu: 0}", "resources.cpu"),
+    ("{name: sgd, lr: 0.1}", "{name: sgd, lr: 0.1, lr_scaling: {reference_params: 0, exponent: 1}}",
+     "grid.optimizer[1].lr_scaling.reference_params: Input should be greater than 0, got 0 (line 7)"),
+    ("{name: sgd, lr: 0.1}", "{name: sgd, lr: 0.1, lr_scaling: {reference_params: 1.0e+6, exponent: 1/0}}",
+     "grid.optimizer[1].lr_scaling.exponent: a fraction with denominator 0: 1/0 (line 7)"),
+    ("{name: sgd, lr: 0.1}", "{name: sgd, lr: 0.1, lr_scaling: {reference_params: 1.0e+6, exponent: -1/3, n0: 2}}",
+     "grid.optimizer[1].lr_scaling.n0: unknown key (expected one of: reference_params, exponent), got 2 (line 7)"),
+    ("{name: sgd, lr: 0.1}", "{name: sgd, lr: 0.1, lr_scaling: {reference_params: 1.0e-300, exponent: 400}}",
+     "grid.optimizer[1].lr_scaling: gives lr inf at 24,896 non-embedding parameters (must be finite and > 0) "
+     "(with grid.model[0]), got {reference_params: 1.0e-300, exponent: 400} (line 7)"),
+    ("train: {steps: 5}", "train: {steps: 5, batch_scaling: {reference_params: 1, exponent: 2/3, multiple: 0}}",
+     "train.batch_scaling.multiple: Input should be greater than 0, got 0 (line 2)"),
+    ("train: {steps: 5}", "train: {steps: 5, batch_scaling: {reference_params: 1, exponent: 20}}",
+     "train.batch_scaling: gives a batch of"),
+    ("train: {steps: 5}", "train: {steps: 5, warmup_tokens_per_param: -1}",
+     "train.warmup_tokens_per_param: Input should be greater than 0, got -1 (line 2)"),
 ])
 def test_bad_specs_name_the_place(tmp_path, old, new, expected):
     assert old in GOOD
