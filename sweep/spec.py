@@ -106,8 +106,8 @@ class _SizeRule(_Spec):
 
 class LrScaling(_SizeRule):
     """lr per model size: the entry's lr x (params_non_embedding / reference_params) ** exponent,
-    a fitted lr*(N) = lr0 (N / N0)^b (`sweep report` of an lr-ladder sweep writes lr0 and b to
-    lr_fit.csv; write lr0 as the entry's lr). Porian et al. 2024 and DeepSeek LLM (2024) find the
+    a fitted lr*(N) = lr0 (N / N0)^b (`sweep report` of an lr-ladder sweep writes N0, lr0 and b
+    to lr_fit.csv as reference_params, lr_at_reference and exponent; lr0 is the entry's lr). Porian et al. 2024 and DeepSeek LLM (2024) find the
     optimal AdamW lr falls with size (b < 0); OLMo's ladder uses lr ~ N^(-1/3)."""
 
 
@@ -119,9 +119,13 @@ class BatchScaling(_SizeRule):
 
     multiple: int = Field(default=8, gt=0)
     """The batch is a multiple of this (8: tensor-core and data-parallel friendly)."""
+    max_batch_size: int | None = Field(default=None, gt=0)
+    """At most this many sequences (a trial has no gradient accumulation: the batch must fit one
+    device); none: no cap."""
 
     def batch(self, base: int, params_non_embedding: int) -> int:
-        return max(self.multiple, round(base * self.factor(params_non_embedding) / self.multiple) * self.multiple)
+        b = max(self.multiple, round(base * self.factor(params_non_embedding) / self.multiple) * self.multiple)
+        return b if self.max_batch_size is None else min(b, self.max_batch_size)
 
 
 class TrainSpec(TrainConfig):

@@ -148,3 +148,9 @@ def test_specs_without_size_rules_keep_their_ids():
         direct = TrialConfig(model=t.model, norm=t.norm, rotation=t.rotation, optimizer=t.optimizer.model_dump(),
                              data=t.data, train=t.train.model_dump(), seed=t.seed, sweep=t.sweep)
         assert direct.science_json() == t.science_json()
+
+
+def test_batch_scaling_stops_at_its_cap():
+    n0 = _with()[0].params_non_embedding
+    sized = _with(batch_scaling={"reference_params": n0, "exponent": 1, "max_batch_size": 24})
+    assert [t.train.batch_size for t in sized] == [8, 8, 8, 24, 24, 24]  # 8 at N0; 8 x ~13 = 104 capped
