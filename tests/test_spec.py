@@ -167,3 +167,20 @@ def test_checking_a_spec_and_its_corpus_does_not_import_torch():
             f"expand(load_spec({str(spec)!r})); print(sorted(m for m in ('torch', 'pandas') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("name", ["scaling.yaml", "scaling_lr.yaml"])
+def test_the_flagship_headers_quote_what_sweep_plan_prints(name, tmp_path):
+    """Re-quote the header after changing the grid, the size rules or sweep/throughput.json."""
+    import re
+
+    from typer.testing import CliRunner
+
+    from sweep.cli import app
+
+    path = Path(__file__).parent.parent / "specs" / name
+    quoted = re.search(r"^#\s+(0/\d+ done · \S+ in all) · .*?· ([\d,]+ H200-hours)", path.read_text(), re.M)
+    assert quoted, f"{name}: its header quotes no `sweep plan` line"
+    result = CliRunner().invoke(app, ["plan", str(path), "--results", str(tmp_path)], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    assert quoted.group(1) in result.output and quoted.group(2) in result.output
