@@ -35,11 +35,13 @@ LABEL_AXES = (
     "seq_len", "seed",
 )  # fmt: skip
 """The flat runs columns (``TrialConfig.flat()``) a trial label may name, in label order. Columns
-of an optimiser's own options (``muon_*``, ``soap_*``, ...) count too, after ``rotate``."""
+of an optimiser's own options (``muon_*``, ``soap_*``, ...) count too, after
+``precondition_frequency``."""
 
 _WITHIN = {"optimizer": (), "d_mlp": ("optimizer", "d_model"), "n_heads": ("optimizer", "d_model")}
 """An axis varies when it takes several values among trials equal in these columns (default: the
-optimiser); d_mlp and n_heads that follow d_model (4 d_model, d_model / 64) add nothing to it."""
+optimiser); d_mlp and n_heads that change only with d_model (d_mlp = 4 d_model by default) add
+nothing to its label."""
 _BARE = ("optimizer", "norm", "rotation_label")  # values that name themselves: "sgd", not "optimizer sgd"
 _OPTION = re.compile(r"^(adam|sgd|rotated_adam|soap|muon|adafactor|lion|signsgd)_")
 
