@@ -21,7 +21,9 @@ import torch
 
 from study.config import TrialConfig
 from study.data import eval_batch, load_corpus, sample_batch
-from study.device import cpu_model, device_detail, limit_memory, mfu, peak_memory_bytes, reset_peak_memory, should_compile, use_bf16
+from study.device import (
+    cpu_model, device_detail, limit_memory, mfu, peak_memory_bytes, reset_peak_memory, should_compile, use_bf16,
+)
 from study.invariance import loss_change_by_dtype
 from study.metrics import ActivationProbe
 from study.model import Transformer

@@ -226,7 +226,9 @@ def status(
                   highlight=False)
     from analysis.labels import trial_labels  # names what varies among the store's trials
 
-    labels = dict(zip(runs["trial_id"].to_list(), trial_labels(runs.to_dicts()), strict=True)) if st.failed.height else {}
+    labels = {}
+    if st.failed.height:
+        labels = dict(zip(runs["trial_id"].to_list(), trial_labels(runs.to_dicts()), strict=True))
     for row in st.failed.iter_rows(named=True):
         line = (row["error"] or "").strip().splitlines()[-1:] or [f"at step {row['steps']}"]
         label = labels.get(row["trial_id"])

@@ -107,8 +107,9 @@ class _SizeRule(_Spec):
 class LrScaling(_SizeRule):
     """lr per model size: the entry's lr x (params_non_embedding / reference_params) ** exponent,
     a fitted lr*(N) = lr0 (N / N0)^b (`sweep report` of an lr-ladder sweep writes N0, lr0 and b
-    to lr_fit.csv as reference_params, lr_at_reference and exponent; lr0 is the entry's lr). Porian et al. 2024 and DeepSeek LLM (2024) find the
-    optimal AdamW lr falls with size (b < 0); OLMo's ladder uses lr ~ N^(-1/3)."""
+    to lr_fit.csv as reference_params, lr_at_reference and exponent; lr0 is the entry's lr).
+    Porian et al. 2024 and DeepSeek LLM (2024) find the optimal AdamW lr falls with size (b < 0);
+    OLMo's ladder uses lr ~ N^(-1/3)."""
 
 
 class BatchScaling(_SizeRule):
@@ -573,7 +574,8 @@ def _sized(cfg: TrialConfig, lr_rule: LrScaling | None, batch_rule: BatchScaling
     if warmup_rule is not None:
         tokens_per_step = train.batch_size * cfg.data.seq_len
         train = train.model_copy(update={"warmup": float(max(1, math.ceil(warmup_rule * n / tokens_per_step)))})
-    return TrialConfig(**{**{f: getattr(cfg, f) for f in TrialConfig.model_fields}, "optimizer": optimizer, "train": train})
+    parts = {f: getattr(cfg, f) for f in TrialConfig.model_fields}
+    return TrialConfig(**{**parts, "optimizer": optimizer, "train": train})  # validated again, as a whole
 
 
 def _check_points(spec: SweepSpec, where: _Where):
