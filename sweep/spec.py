@@ -610,12 +610,26 @@ def _check_points(spec: SweepSpec, where: _Where):
                                    + (f" (line {line})" if line else ""))
 
 
+def _largest_batch(spec: SweepSpec) -> int:
+    """The largest batch a trial trains with: train.batch_size, or what batch_scaling gives at
+    the grid's largest size (a rule that fails is reported by _check_points)."""
+    g, batches = spec.grid, [spec.train.batch_size]
+    if getattr(spec.train, "batch_scaling", None) is not None:
+        batches = []
+        for m in g.model:
+            try:
+                batches.append(trial_config(spec, m, g.optimizer[0], g.norm[0], g.rotation[0], g.seed[0]).train.batch_size)
+            except (FieldError, ValidationError):
+                continue
+    return max(batches, default=spec.train.batch_size)
+
+
 def _check_data(spec: SweepSpec, where: _Where) -> list[str]:
     from study.data import check_data  # loads the corpus: only once the spec itself is valid
 
     t = spec.train
     try:
-        check_data(spec.data, t.eval_batch.sequences, t.eval_batch.seq_len or spec.data.seq_len, t.batch_size)
+        check_data(spec.data, t.eval_batch.sequences, t.eval_batch.seq_len or spec.data.seq_len, _largest_batch(spec))
     except FieldError as exc:
         return [where.format(("data", *exc.loc), str(exc))]
     return []

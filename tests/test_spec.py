@@ -184,3 +184,15 @@ def test_the_flagship_headers_quote_what_sweep_plan_prints(name, tmp_path):
     result = CliRunner().invoke(app, ["plan", str(path), "--results", str(tmp_path)], env={"COLUMNS": "250"})
     assert result.exit_code == 0, result.output
     assert quoted.group(1) in result.output and quoted.group(2) in result.output
+
+
+def test_the_corpus_must_hold_the_largest_batch_the_size_rule_gives(tmp_path):
+    text = tmp_path / "small.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 400)  # ~18k bytes
+    spec = GOOD.replace("name: t", f"name: t\ndata: {{text: {text}, seq_len: 64}}")
+    load_spec(write(tmp_path, spec.replace("train: {steps: 5}", "train: {steps: 5, batch_size: 8}")))
+    scaled = spec.replace("train: {steps: 5}", "train: {steps: 5, batch_size: 8, "
+                          "batch_scaling: {reference_params: 10, exponent: 1, max_batch_size: 4096}}")
+    with pytest.raises(SpecError) as info:
+        load_spec(write(tmp_path, scaled))
+    assert "data.text:" in str(info.value) and "fewer than one batch (train.batch_size 4096 x data.seq_len 64" in str(info.value)
