@@ -31,7 +31,9 @@ def stand_in_corpus(spec_path: Path, workdir: Path, monkeypatch) -> Path | None:
     monkeypatch.chdir(workdir)
     train = yaml.safe_load(spec_path.read_text()).get("train") or {}
     # One train batch and one eval batch must fit (the spec loader checks both).
-    n = max(int(train.get("batch_size", 32)), int((train.get("eval_batch") or {}).get("sequences", 16))) \
+    # With batch_scaling the largest batch is its cap (the shipped specs give one).
+    n = max(int(train.get("batch_size", 32)), int((train.get("eval_batch") or {}).get("sequences", 16)),
+            int((train.get("batch_scaling") or {}).get("max_batch_size", 0))) \
         * (int(data.get("seq_len", 128)) + 1) + 1
     write_corpus(Path(tokens), {"train": np.arange(n) % vocab, "val": np.arange(n) % vocab}, vocab, source="stand-in")
     return workdir / tokens

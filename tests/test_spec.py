@@ -169,23 +169,6 @@ def test_checking_a_spec_and_its_corpus_does_not_import_torch():
     assert done.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("name", ["scaling.yaml", "scaling_lr.yaml"])
-def test_the_flagship_headers_quote_what_sweep_plan_prints(name, tmp_path):
-    """Re-quote the header after changing the grid, the size rules or sweep/throughput.json."""
-    import re
-
-    from typer.testing import CliRunner
-
-    from sweep.cli import app
-
-    path = Path(__file__).parent.parent / "specs" / name
-    quoted = re.search(r"^#\s+(0/\d+ done · \S+ in all) · .*?· ([\d,]+ H200-hours)", path.read_text(), re.M)
-    assert quoted, f"{name}: its header quotes no `sweep plan` line"
-    result = CliRunner().invoke(app, ["plan", str(path), "--results", str(tmp_path)], env={"COLUMNS": "250"})
-    assert result.exit_code == 0, result.output
-    assert quoted.group(1) in result.output and quoted.group(2) in result.output
-
-
 def test_the_corpus_must_hold_the_largest_batch_the_size_rule_gives(tmp_path):
     text = tmp_path / "small.txt"
     text.write_text("the quick brown fox jumps over the lazy dog. " * 400)  # ~18k bytes
