@@ -24,6 +24,7 @@ from analysis import storage
 from analysis.schema import (  # re-exported: the contract lives in schema.py
     CHECKS_SCHEMA,
     CURVES_SCHEMA,
+    DIMS_SCHEMA,
     METRICS_SCHEMA,
     RUNS_SCHEMA,
     SCHEMAS,
@@ -34,6 +35,7 @@ __all__ = [
     "CHECKS_SCHEMA",
     "CONFIG_ID",
     "CURVES_SCHEMA",
+    "DIMS_SCHEMA",
     "LABEL_COLUMNS",
     "METRICS_SCHEMA",
     "RUNS_SCHEMA",
@@ -80,6 +82,8 @@ class Results:
     metrics: pl.LazyFrame = field(repr=False)
     curves: pl.LazyFrame = field(repr=False)
     checks: pl.LazyFrame = field(repr=False)
+    dims: pl.LazyFrame = field(default_factory=lambda: pl.LazyFrame(schema=DIMS_SCHEMA), repr=False)
+    """Outlier-dimension attribution (empty for sweeps that predate the table)."""
     files: Mapping[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
 
     @property
@@ -88,7 +92,7 @@ class Results:
         return self.path.rstrip("/").rsplit("/", 1)[-1]
 
     def tables(self) -> dict[str, pl.LazyFrame]:
-        """``{"runs": ..., "metrics": ..., "curves": ..., "checks": ...}``."""
+        """``{"runs": ..., "metrics": ..., "curves": ..., "checks": ..., "dims": ...}``."""
         return {t: getattr(self, t) for t in TABLES}
 
     def done_runs(self) -> pl.LazyFrame:

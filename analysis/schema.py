@@ -21,6 +21,7 @@ __all__ = [
     "ARROW",
     "CHECKS_SCHEMA",
     "CURVES_SCHEMA",
+    "DIMS_SCHEMA",
     "FINISHED",
     "METRICS_SCHEMA",
     "RUNS_SCHEMA",
@@ -31,7 +32,7 @@ __all__ = [
     "Status",
 ]
 
-TABLES = ("runs", "metrics", "curves", "checks")
+TABLES = ("runs", "metrics", "curves", "checks", "dims")
 
 Status = Literal["done", "failed", "diverged"]
 """A trial's status in the runs table."""
@@ -82,6 +83,27 @@ ARROW: dict[str, pa.Schema] = {
     "checks": pa.schema([
         ("trial_id", _S), ("check", _S), ("dtype", _S), ("value", _F),
     ]),
+    # What the outlier dimensions are and do (study/attribution.py has the exact definitions).
+    # One row per (trial_id, step, layer, site, dim), at the final eval and every
+    # train.attribution_every-th one. Rows with layer >= 0 describe a layer's top-k dimensions
+    # (site resid / basis stored, layers 0..L; attn_in, mlp_in / computation, layers 1..L):
+    # rank_max, rank_m4 (1 = largest; null when outside that top-k), the measures, and
+    # top_tokens ("id:count,..."). Rows with layer -1 (site resid) are the ablations: role "top"
+    # (rank_max = the candidate's rank, first_layer) or "null" (a random dimension), the val-loss
+    # change of setting the dim to 0 / its eval-batch mean at every layer (zero_delta,
+    # mean_delta) or at first_layer only (*_first), the empirical p-values against the null
+    # draws (zero_p, mean_p) and loss_tokens (the targets whose loss rises most).
+    "dims": pa.schema([
+        ("trial_id", _S), ("step", _I), ("tokens", _I), ("layer", _I),
+        ("site", _S), ("basis", _S), ("dim", _I), ("role", _S),
+        ("rank_max", _I), ("rank_m4", _I),
+        ("max_abs", _F), ("median_abs", _F), ("max_median", _F), ("sun_ratio", _F), ("m4_share", _F),
+        ("pos0_share", _F), ("frequent_share", _F), ("delimiter_share", _F), ("freq_corr", _F),
+        ("gain_ratio", _F), ("top_tokens", _S),
+        ("first_layer", _I), ("zero_delta", _F), ("mean_delta", _F),
+        ("zero_delta_first", _F), ("mean_delta_first", _F), ("zero_p", _F), ("mean_p", _F),
+        ("loss_tokens", _S),
+    ]),
 }  # fmt: skip
 
 
@@ -99,3 +121,4 @@ RUNS_SCHEMA = SCHEMAS["runs"]
 METRICS_SCHEMA = SCHEMAS["metrics"]
 CURVES_SCHEMA = SCHEMAS["curves"]
 CHECKS_SCHEMA = SCHEMAS["checks"]
+DIMS_SCHEMA = SCHEMAS["dims"]

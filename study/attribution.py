@@ -78,7 +78,7 @@ def token_frequencies(train: np.ndarray, vocab_size: int, max_tokens: int = MAX_
     """(V,) counts of each id in `train` (all of it up to max_tokens, else 64 evenly spaced chunks)."""
     n = len(train)
     if n <= max_tokens:
-        return np.bincount(np.asarray(train), minlength=vocab_size)[:vocab_size]
+        return np.bincount(np.asarray(train[0:n]), minlength=vocab_size)[:vocab_size]  # a slice: memmap shards too
     size = max_tokens // 64
     starts = np.linspace(0, n - size, 64).astype(np.int64)
     return sum(np.bincount(np.asarray(train[s : s + size]), minlength=vocab_size)[:vocab_size] for s in starts)

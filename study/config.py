@@ -371,6 +371,8 @@ class EvalBatchConfig(_Frozen):
 class TrainConfig(_Frozen):
     """Length, batch, schedule and the cadence of evals and checkpoints."""
 
+    id_optional: ClassVar[tuple[str, ...]] = ("attribution_every",)
+
     steps: int | None = Field(default=None, gt=0)
     """Optimiser steps (give one of steps, tokens, tokens_per_param)."""
     tokens: int | None = Field(default=None, gt=0)
@@ -397,6 +399,9 @@ class TrainConfig(_Frozen):
     """At the end, rotate the residual basis and record the loss change (checks table)."""
     quant_every: int = Field(default=0, ge=0)
     """Quantisation cost (W8A8, W4A4 loss deltas) at every quant_every-th eval too; 0: final eval only."""
+    attribution_every: int = Field(default=0, ge=0)
+    """Outlier-dimension attribution and ablation (dims table) at every attribution_every-th eval
+    too; 0: final eval only."""
     diverge_factor: float = Field(default=4.0, gt=1)
     """Loss above diverge_factor x the initial loss (or non-finite) marks the run diverged."""
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from study.attribution import Attribution, corpus_token_info
 from study.config import TrialConfig
 from study.data import eval_batch, load_corpus, sample_batch
 from study.device import (
@@ -47,6 +48,7 @@ class Sink(Protocol):
     def metrics(self, rows: list[dict]) -> None: ...
     def curves(self, rows: list[dict]) -> None: ...
     def checks(self, rows: list[dict]) -> None: ...
+    def dims(self, rows: list[dict]) -> None: ...
 
     def flush(self, step: int) -> None:
         """Make every row so far durable (called before each checkpoint and at the end)."""
@@ -68,6 +70,7 @@ class MemorySink:
     metric_rows: list[dict] = field(default_factory=list)
     curve_rows: list[dict] = field(default_factory=list)
     check_rows: list[dict] = field(default_factory=list)
+    dim_rows: list[dict] = field(default_factory=list)
     run_row: dict | None = None
     progress_log: list[dict] = field(default_factory=list)
 
@@ -75,6 +78,7 @@ class MemorySink:
         keep = (lambda r: False) if resume_step is None else (lambda r: r["step"] <= resume_step)
         self.metric_rows = [r for r in self.metric_rows if keep(r)]
         self.curve_rows = [r for r in self.curve_rows if keep(r)]
+        self.dim_rows = [r for r in self.dim_rows if keep(r)]
         self.check_rows, self.run_row = [], None
 
     def metrics(self, rows: list[dict]) -> None:
@@ -85,6 +89,9 @@ class MemorySink:
 
     def checks(self, rows: list[dict]) -> None:
         self.check_rows += rows
+
+    def dims(self, rows: list[dict]) -> None:
+        self.dim_rows += rows
 
     def flush(self, step: int) -> None:
         pass
@@ -193,21 +200,27 @@ class Evaluation:
     curves: list[dict]
     metrics: list[dict]
     progress: dict
+    dims: list[dict] = field(default_factory=list)
+    """Outlier-dimension rows (study.attribution) at the final and every attribution_every-th eval."""
 
 
 def evaluate(cfg: TrialConfig, model: Transformer, probe: ActivationProbe, batch: tuple[torch.Tensor, torch.Tensor],
              history: tuple[torch.Tensor, torch.Tensor], *, since: int, at: int, seconds: float,
-             autocast: torch.autocast) -> Evaluation:
+             autocast: torch.autocast, attribution: Attribution | None = None) -> Evaluation:
     """Probe the model at step `at` and log the steps (since, at] whose losses and grad norms
     `history` holds (per step, on the device), over `seconds` of training: one host readback."""
     (x_eval, y_eval), (losses, grad_norms) = batch, history
     total, tps, k = cfg.total_steps, cfg.tokens_per_step, cfg.train.quant_every
     new = range(since + 1, at + 1)
     quant = at == total or (k > 0 and at % (k * cfg.train.eval_every) == 0)
-    with autocast:  # quantised losses first, so they ride in the probe's one readback
+    a = cfg.train.attribution_every
+    attribute = attribution is not None and (at == total or (a > 0 and at % (a * cfg.train.eval_every) == 0))
+    with autocast:  # quantised losses and attribution first, so they ride in the probe's one readback
         q = (quantised_losses(model, x_eval, y_eval),) if quant else ()
-        result = probe.run(x_eval, y_eval, extra=(losses[new.start : new.stop], grad_norms[new.start : new.stop], *q))
-    train_hist, gn_hist, *q_hist = result.extra
+        dims = attribution.measure(x_eval, y_eval) if attribute else None
+        result = probe.run(x_eval, y_eval, extra=(losses[new.start : new.stop], grad_norms[new.start : new.stop], *q,
+                                                  *((dims.values,) if dims else ())))
+    train_hist, gn_hist, *q_hist = result.extra[: 2 + len(q)]
     val_loss = result.val_loss
     tokens_per_s = len(new) * tps / seconds if len(new) and seconds > 0 else 0.0
     curves = [
@@ -231,6 +244,7 @@ def evaluate(cfg: TrialConfig, model: Transformer, probe: ActivationProbe, batch
         metrics=[{"step": at, "tokens": at * tps, **r} for r in model_rows],
         progress={"step": at, "total_steps": total, "train_loss": train_loss, "val_loss": val_loss,
                   "resid_kurtosis_mean": sum(resid) / max(1, len(resid)), "tokens_per_s": tokens_per_s},
+        dims=[{"step": at, "tokens": at * tps, **r} for r in dims.rows(result.extra[-1])] if dims else [],
     )
 
 
@@ -268,6 +282,7 @@ def train(
     optimizer = build_optimizer(cfg, model)
     step_model = torch.compile(model) if should_compile(cfg.runtime.compile, device, cfg.params) else model
     probe = ActivationProbe(model, cfg.seed)
+    attribution = Attribution(model, corpus_token_info(corpus), cfg.seed)
     data_gen = generator_for(cfg.seed, "data")
 
     # -- resume
@@ -304,9 +319,10 @@ def train(
             interval = time.perf_counter() - interval_start
             train_time += interval
             ev = evaluate(cfg, model, probe, (x_eval, y_eval), (losses, grad_norms), since=last_eval, at=step,
-                          seconds=interval, autocast=autocast)
+                          seconds=interval, autocast=autocast, attribution=attribution)
             sink.curves(ev.curves)
             sink.metrics(ev.metrics)
+            sink.dims(ev.dims)
             sink.progress(ev.progress)
             last_eval, train_loss, val_loss = step, ev.train_loss, ev.val_loss
             initial_loss = val_loss if initial_loss is None else initial_loss

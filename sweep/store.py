@@ -4,6 +4,7 @@
     <root>/<sweep>/metrics/<trial_id>.<first>-<last>.parquet  long format, one part per flush
     <root>/<sweep>/curves/<trial_id>.<first>-<last>.parquet
     <root>/<sweep>/checks/<trial_id>.parquet
+    <root>/<sweep>/dims/<trial_id>.<first>-<last>.parquet     outlier-dimension attribution, like metrics
     <root>/<sweep>/trials/<trial_id>/config.json, checkpoint.pt (local stores)
     <root>/<sweep>/run.lock                                   the one writer (SweepLock)
     <root>/<sweep>/quarantine/<table>/<file>                  damaged files, moved aside
@@ -111,7 +112,7 @@ class ResultsStore:
         self._write_atomic(f"checks/{trial_id}.parquet", _to_table("checks", rows))
 
     def write_part(self, table: str, trial_id: str, rows: list[dict]) -> None:
-        """One flushed slice of a trial's metrics or curves, named by its step range."""
+        """One flushed slice of a trial's metrics, curves or dims, named by its step range."""
         if not rows:
             return
         steps = [r["step"] for r in rows]
@@ -122,7 +123,7 @@ class ResultsStore:
     def discard(self, trial_id: str, after_step: int | None) -> None:
         """Delete a trial's parts with rows after `after_step` (all of them when None), its checks
         and its runs row: the state a (re)start from that step must see."""
-        for table in ("metrics", "curves"):
+        for table in ("metrics", "curves", "dims"):
             for name in self._list(table):
                 m = _PART.match(name)
                 if m and m["trial"] == trial_id and (after_step is None or int(m["last"]) > after_step):
@@ -446,9 +447,11 @@ class StoreSink:
     _metrics: list[dict] = field(default_factory=list)
     _curves: list[dict] = field(default_factory=list)
     _checks: list[dict] = field(default_factory=list)
+    _dims: list[dict] = field(default_factory=list)
 
     def begin(self, resume_step: int | None) -> None:
         self._metrics, self._curves, self._checks = [], [], []
+        self._dims = []
         self.store.discard(self.trial_id, resume_step)
 
     def metrics(self, rows: list[dict]) -> None:
@@ -460,9 +463,14 @@ class StoreSink:
     def checks(self, rows: list[dict]) -> None:
         self._checks += rows
 
+    def dims(self, rows: list[dict]) -> None:
+        self._dims += rows
+
     def flush(self, step: int) -> None:
         self.store.write_part("metrics", self.trial_id, self._metrics)
         self.store.write_part("curves", self.trial_id, self._curves)
+        self.store.write_part("dims", self.trial_id, self._dims)
+        self._dims = []
         if self._checks:
             self.store.write_checks(self.trial_id, self._checks)
         self._metrics, self._curves, self._checks = [], [], []

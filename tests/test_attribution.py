@@ -5,8 +5,12 @@ planted ones, and the same model in a rotated residual basis shows no dimension 
 from __future__ import annotations
 
 import numpy as np
+import polars as pl
 import pytest
 import torch
+
+from analysis import load
+from analysis.schema import DIMS_SCHEMA
 
 from study.attribution import (
     DELIMITER_BYTES,
@@ -20,6 +24,8 @@ from study.config import TrialConfig
 from study.invariance import rotate_residual_basis
 from study.model import Transformer
 from study.rotation import generator_for, random_orthogonal
+from study.train import MemorySink, StopTraining, train
+from sweep.store import ResultsStore, StoreSink
 from test_quant import plant_outlier
 
 PLANTED, TARGET, SPIKE, GAIN = (10, 20, 30), 7, 20.0, 60.0
@@ -223,3 +229,68 @@ def test_ablated_copies_in_one_batch_equal_one_at_a_time():
         alone = a.token_losses(x, y, dims[g : g + 1], values[g : g + 1], at[g : g + 1])
         assert torch.allclose(together[g], alone[0], atol=1e-10)
     assert not torch.allclose(together[0], a.token_losses(x, y, dims[:0], values[:0], at[:0])[0])
+
+
+# ---- in a trial, through the store ------------------------------------------------------------
+
+
+def tiny(**train_kw):
+    train = {"steps": 12, "batch_size": 4, "eval_every": 4, "eval_batch": {"sequences": 2},
+             "checkpoint_every": 0, "invariance_check": False, **train_kw}
+    return TrialConfig(model={"d_model": 32, "n_layers": 2, "n_heads": 2}, data={"seq_len": 16},
+                       optimizer={"name": "adam", "lr": 3e-3}, train=train)
+
+
+def test_a_trial_attributes_at_the_final_eval_and_every_kth_in_the_evals_one_readback(readbacks):
+    sink = MemorySink()
+    train(tiny(), sink)
+    assert {r["step"] for r in sink.dim_rows} == {12}
+    assert {r["tokens"] for r in sink.dim_rows} == {12 * 4 * 16}
+    assert tiny().trial_id == tiny(attribution_every=0).trial_id  # the new field keeps the ids
+    readbacks.update({k: 0 for k in readbacks})
+    sink = MemorySink()
+    train(tiny(attribution_every=2), sink)
+    assert sorted({r["step"] for r in sink.dim_rows}) == [0, 8, 12]
+    assert readbacks["tolist"] == 4  # evals at 0, 4, 8, 12: the attribution rides in each one's readback
+    keys = [(r["step"], r["layer"], r["site"], r["dim"]) for r in sink.dim_rows]
+    assert len(keys) == len(set(keys))
+
+
+class CrashingSink(StoreSink):
+    crash_step: int | None = None
+
+    def checkpoint(self, step, directory):
+        if step == self.crash_step:
+            raise StopTraining(step)
+
+
+def test_dims_rows_exactly_once_after_a_crash_and_resume_and_readable_with_plain_polars(tmp_path):
+    cfg = tiny(attribution_every=1, checkpoint_every=4)
+    straight = MemorySink()
+    train(cfg, straight, checkpoint_dir=tmp_path / "a")
+    store = ResultsStore(tmp_path / "results", "s")
+    sink = CrashingSink(store, cfg.trial_id)
+    sink.crash_step = 8
+    with pytest.raises(StopTraining):
+        train(cfg, sink, checkpoint_dir=tmp_path / "b")
+    store.write_part("dims", cfg.trial_id, [{**straight.dim_rows[-1], "step": 10}])  # past the checkpoint: must go
+    sink.crash_step = None
+    train(cfg, sink, checkpoint_dir=tmp_path / "b")
+    dims = pl.read_parquet(str(tmp_path / "results" / "s" / "dims" / "*.parquet"))
+    keys = dims.select("trial_id", "step", "layer", "site", "dim")
+    assert keys.height == keys.unique().height == len(straight.dim_rows)
+    assert sorted(dims["step"].unique().to_list()) == [0, 4, 8, 12]
+    want = pl.DataFrame(straight.dim_rows, schema_overrides={"rank_max": pl.Int64}, infer_schema_length=None)
+    got = dims.sort("step", "layer", "site", "dim")
+    assert got["zero_delta"].to_list() == pytest.approx(
+        want.sort("step", "layer", "site", "dim")["zero_delta"].to_list(), nan_ok=True)
+    loaded = load(tmp_path / "results" / "s").dims.collect()
+    assert loaded.height == keys.height and dict(loaded.schema) == DIMS_SCHEMA
+
+
+def test_a_store_that_predates_the_table_loads_with_an_empty_dims_frame(tmp_path):
+    store = ResultsStore(tmp_path, "old")
+    store.write_run({"trial_id": "a", "status": "done"})
+    r = load(tmp_path / "old")
+    assert r.dims.collect().height == 0 and dict(r.dims.collect_schema()) == DIMS_SCHEMA
+    assert "dims" in r.tables()
