@@ -12,6 +12,7 @@ from typing import Any
 import polars as pl
 
 from analysis import charts, fits, queries, selection
+from analysis import report_dims
 from analysis.labels import SITE_NAMES
 from analysis.load import Results
 from analysis.report_fits import DEFAULT_FITS, FitSpec, compare_lines
@@ -282,6 +283,7 @@ def build(
                 + "."
             )
 
+    report_dims.add(results, done, built, c.notes)  # what the outlier dimensions are (issue 20)
 
     # ---- tables
     c.fits = (

@@ -1,0 +1,33 @@
+"""The report's outlier-dimensions section: drawn from a sweep with the dims table, skipped with
+one note where the sweep predates it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from analysis.report import write_report
+from analysis.report_dims import NO_DIMS_NOTE
+from test_analysis_attribution import dims_sweep  # noqa: F401
+
+CHARTS = ("dims_persistence", "dims_ablation", "dims_tokens")
+
+
+def test_the_report_draws_the_dimensions_section(dims_sweep: Path, tmp_path: Path) -> None:  # noqa: F811
+    rep = write_report(dims_sweep, tmp_path / "rep", formats=("svg",), n_boot=20)
+    for name in CHARTS:
+        assert name in rep.charts and Path(rep.charts[name][0]).stat().st_size > 1000
+        assert rep.captions[name]
+    assert "adam: d_model 32, lr 0.003, 2 seed(s)" in rep.captions["dims_persistence"]
+    assert NO_DIMS_NOTE not in rep.notes
+    page = (tmp_path / "rep" / "index.html").read_text()
+    assert "id='dims_tokens'" in page and "loss rises on" in page
+
+
+def test_a_sweep_that_predates_the_table_gets_one_note(dims_sweep: Path, tmp_path: Path) -> None:  # noqa: F811
+    old = tmp_path / "old"
+    shutil.copytree(dims_sweep, old)
+    shutil.rmtree(old / "dims")
+    rep = write_report(old, tmp_path / "rep", formats=("svg",), n_boot=20)
+    assert not set(CHARTS) & set(rep.charts)
+    assert rep.notes.count(NO_DIMS_NOTE) == 1
