@@ -141,7 +141,8 @@ def token_table(dims: pl.LazyFrame | pl.DataFrame, shown: pl.DataFrame, n_dims: 
     """Which tokens carry the top dimensions: for each shown trial's first seed, its `n_dims`
     ablation candidates with their last-layer residual measures (max_median, pos0_share,
     delimiter_share, freq_corr, top_tokens) and zero-ablation delta, p and loss_tokens, token
-    ids rendered readable (bytes for byte corpora: corpus stdlib or text:)."""
+    ids rendered readable (bytes for byte corpora: corpus stdlib or text:). The last-layer
+    measures are null for a candidate outside the last layer's top-k (no row there)."""
     first = shown.sort("seed").group_by("optimizer").first()
     final = final_step(dims).join(first.lazy().select("trial_id", "optimizer", "d_model", "seed", "corpus"),
                                   on="trial_id")

@@ -119,9 +119,9 @@ def token_chart(table: pl.DataFrame) -> alt.TopLevelMixin:
     long = df.unpivot(index="row", variable_name="column", value_name="text").with_columns(
         column=pl.col("column").replace_strict(_TOKEN_COLUMNS))
     order = list(_TOKEN_COLUMNS.values())
-    chart = alt.Chart(long).mark_text(align="left", dx=-30, fontSize=10).encode(
+    chart = alt.Chart(long).mark_text(align="left", dx=-40, fontSize=10).encode(
         x=alt.X("column:N", sort=order, title=None, axis=alt.Axis(orient="top", labelAngle=0, domain=False, ticks=False)),
         y=alt.Y("row:O", title=None, axis=None),
         text="text:N",
-    ).properties(width=alt.Step(88), height=alt.Step(16))
+    ).properties(width=alt.Step(104), height=alt.Step(16), padding={"right": 40})
     return apply_theme(chart)
