@@ -12,8 +12,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from analysis._stats import t_critical
-from analysis.power_law import ExponentComparison, PowerLawFit, fit_power_law
+from analysis.power_law import ExponentComparison, PowerLawFit, fit_power_law, t_critical
 
 __all__ = [
     "ExponentComparison",
@@ -260,20 +259,25 @@ def compare_exponents(
 
 
 def _welch(a: str, b: str, fa: PowerLawFit, fb: PowerLawFit, confidence: float) -> ExponentComparison:
-    """Welch's t on the two sets of per-seed exponents (seeds are the replicates)."""
-    from analysis._stats import t_sf
+    """Welch's t on the two sets of per-seed exponents (seeds are the replicates), by
+    ``scipy.stats.ttest_ind(equal_var=False)``: the difference of their means, its interval
+    and p."""
+    from scipy import stats
 
-    va = fa.seed_exponents.var(ddof=1) / fa.seed_exponents.size
-    vb = fb.seed_exponents.var(ddof=1) / fb.seed_exponents.size
-    se = math.sqrt(va + vb)
+    sa, sb = fa.seed_exponents, fb.seed_exponents
     d = fb.exponent - fa.exponent
-    dfa, dfb = fa.seed_exponents.size - 1, fb.seed_exponents.size - 1
-    df = (va + vb) ** 2 / (va**2 / dfa + vb**2 / dfb) if se > 0 else float(dfa + dfb)
-    half = t_critical(df, confidence) * se
-    p = t_sf(abs(d) / se, df) if se > 0 else (0.0 if d else 1.0)
+    se = math.sqrt(sa.var(ddof=1) / sa.size + sb.var(ddof=1) / sb.size)
+    if se > 0:
+        test = stats.ttest_ind(sb, sa, equal_var=False)
+        df = float(test.df)
+        half = t_critical(df, confidence) * se
+        p = float(2 * stats.t.sf(abs(d) / se, df))
+    else:
+        df, half, p = float(sa.size + sb.size - 2), 0.0, 0.0 if d else 1.0
+    ci = (d - half, d + half)
     return ExponentComparison(
-        a=a, b=b, fit_a=fa, fit_b=fb, difference=d, difference_ci=(d - half, d + half),
-        p_value=float(p), confidence=confidence, method=f"Welch t over seeds (df {df:.1f})",
+        a=a, b=b, fit_a=fa, fit_b=fb, difference=d, difference_ci=ci,
+        p_value=p, confidence=confidence, method=f"Welch t over seeds (df {df:.1f})",
     )  # fmt: skip
 
 

@@ -1,15 +1,16 @@
 """One power-law fit with its seed-based confidence interval (``fits`` fits frames of them).
 
 The model is ``y - offset = coefficient * x ** exponent``, fitted by ordinary least squares
-of ``log(y - offset)`` on ``log(x)``.
+of ``log(y - offset)`` on ``log(x)`` (``scipy.stats.linregress``).
 
 The exponent's interval (``exponent_ci``, described in ``interval``): seeds are the unit of
-replication. With ``seeds`` given and at least two seeds that each span two sizes, it is a
-t-interval over the per-seed fits: exponent +- t(k-1) * sd(per-seed exponents) / sqrt(k)
-for k seeds (exactly the pooled slope's sampling distribution when every seed has the same
-sizes and log-noise is Gaussian; a simulation test checks 95% coverage at 3 and 5 sizes x 3
-seeds). With one seed it falls back to the fit's own OLS t-interval (n - 2 dof), labelled
-so; without ``seeds`` it is a percentile bootstrap over points (or whole ``groups``), which
+replication. With ``seeds`` given and at least two seeds that each span two sizes, it is the
+one-sample t-interval over the per-seed slopes (``scipy.stats.ttest_1samp``): their mean
++- t(k-1) * sd / sqrt(k) for k seeds. It is centred on the mean of the per-seed slopes, which
+equals the pooled slope when every seed has the same sizes and differs when a trial failed
+(a simulation test checks 95% coverage at 3 and 5 sizes x 3 seeds). With one seed it falls
+back to the fit's own OLS t-interval (n - 2 dof), labelled so; without ``seeds`` it is a
+percentile bootstrap (``scipy.stats.bootstrap``) over points (or whole ``groups``), which
 undercovers at a few points (about 87% for a nominal 95% at 3 sizes x 3 points).
 The fitted-curve bands of ``predict_interval`` are always the percentile bootstrap.
 Resamples whose points all share one x value cannot be fitted and are skipped.
@@ -19,22 +20,29 @@ them with a ``ValueError`` naming how many there are (it never drops data silent
 ``fit_groups`` records that message in the group's ``note`` instead of raising. Nulls in a
 frame (e.g. failed trials) are dropped by the frame-level functions before fitting.
 
-numpy only: the bootstrap is one weighted least-squares solve over a (resamples x points)
-matrix of multinomial counts.
+scipy is imported inside the functions that use it, so importing the package (and the
+``sweep`` CLI) stays fast.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
 import polars as pl
 
-from analysis._stats import t_critical
-
-__all__ = ["ExponentComparison", "PowerLawFit", "between_seed_halfwidth", "fit_power_law", "seed_exponents"]
+__all__ = [
+    "ExponentComparison",
+    "PowerLawFit",
+    "between_seed_halfwidth",
+    "fit_power_law",
+    "seed_exponents",
+    "t_critical",
+]
 
 SeedLike = int | np.random.Generator | np.random.SeedSequence | None
 _EMPTY = np.empty(0)
@@ -197,41 +205,34 @@ def fit_power_law(
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
 
+    from scipy import stats
+
     lx, ly = np.log(xa), np.log(ya - offset)
-    slope, intercept = _ols(lx, ly, np.ones((1, n)))
-    b, a = float(slope[0]), float(intercept[0])
+    line = stats.linregress(lx, ly)
+    b, a = float(line.slope), float(line.intercept)
     resid = ly - (a + b * lx)
     ss_res, ss_tot = float(resid @ resid), float(((ly - ly.mean()) ** 2).sum())
     tiny = 1e-24 * max(1.0, float(ly @ ly))  # below this, y is constant up to rounding
     if ss_tot > tiny:
-        r2 = 1.0 - ss_res / ss_tot
+        r2 = float(line.rvalue) ** 2
     else:
         r2 = 1.0 if ss_res <= tiny else math.nan
 
     if n > 2:
-        sxx = float(((lx - lx.mean()) ** 2).sum())
-        se = math.sqrt(max(ss_res, 0.0) / (n - 2) / sxx)
-        half = t_critical(float(n - 2), confidence) * se
-        ci_t = (b - half, b + half)
+        se = float(line.stderr)
+        ci_t = _t_interval(b, se, n - 2, confidence)
     else:
         se, ci_t = math.nan, (math.nan, math.nan)
 
-    rng = np.random.default_rng(seed)
     n_groups = None
-    if n_boot > 0:
-        if groups is None:
-            weights = rng.multinomial(n, np.full(n, 1.0 / n), size=n_boot)
-        else:
-            labels = np.asarray(groups)
-            if labels.shape != (n,):
-                raise ValueError(f"groups must hold one label per point ({n}), got {labels.shape}")
-            _, inverse = np.unique(labels, return_inverse=True)
-            n_groups = int(inverse.max()) + 1
-            drawn = rng.multinomial(n_groups, np.full(n_groups, 1.0 / n_groups), size=n_boot)
-            weights = drawn[:, inverse]
-        boot_b, boot_a = _ols(lx, ly, weights.astype(float))
-    else:
-        boot_b = boot_a = _EMPTY
+    units = np.arange(n)
+    if groups is not None:
+        labels = np.asarray(groups)
+        if labels.shape != (n,):
+            raise ValueError(f"groups must hold one label per point ({n}), got {labels.shape}")
+        _, units = np.unique(labels, return_inverse=True)
+        n_groups = int(units.max()) + 1
+    boot_b, boot_a = _bootstrap(lx, ly, units, n_boot, seed)
     ok = np.isfinite(boot_b)
     q = [(1 - confidence) / 2, (1 + confidence) / 2]
     if ok.any():
@@ -292,10 +293,22 @@ def seed_exponents(lx: np.ndarray, ly: np.ndarray, seed_idx: np.ndarray) -> np.n
     return np.where(ok, sxy / np.where(ok, sxx, 1.0), np.nan)
 
 
+@lru_cache(maxsize=4096)
+def t_critical(df: float, confidence: float = 0.95) -> float:
+    """The two-sided critical value of Student's t: P(|T| <= t) = confidence. NaN for df < 1."""
+    if not df >= 1 or not 0.0 < confidence < 1.0:
+        return math.nan
+    from scipy import stats
+
+    return float(stats.t.ppf(0.5 + confidence / 2, df))
+
+
 def between_seed_halfwidth(b_seeds: np.ndarray, confidence: float = 0.95) -> np.ndarray:
     """Half-width t(k-1) * sd / sqrt(k) of the t-interval over the last axis (k seeds)."""
+    from scipy import stats
+
     k = b_seeds.shape[-1]
-    return t_critical(float(k - 1), confidence) * b_seeds.std(axis=-1, ddof=1) / math.sqrt(k)
+    return t_critical(float(k - 1), confidence) * stats.sem(b_seeds, axis=-1, ddof=1)
 
 
 def _vector(v: Any, name: str) -> np.ndarray:
@@ -305,6 +318,39 @@ def _vector(v: Any, name: str) -> np.ndarray:
     if arr.ndim != 1:
         raise ValueError(f"{name} must be one-dimensional, got shape {arr.shape}")
     return arr
+
+
+def _t_interval(centre: float, se: float, df: int, confidence: float) -> tuple[float, float]:
+    from scipy import stats
+
+    lo, hi = stats.t.interval(confidence, df, loc=centre, scale=se) if se > 0 else (centre, centre)
+    return float(lo), float(hi)
+
+
+def _bootstrap(lx: np.ndarray, ly: np.ndarray, units: np.ndarray, n_boot: int, seed: SeedLike):
+    """``n_boot`` bootstrap (slope, intercept) pairs resampling whole ``units`` (one label
+    0..m-1 per point: the points themselves, or groups) by ``scipy.stats.bootstrap``; NaN
+    where a resample's points share one x value. Empty arrays when there is nothing to draw."""
+    m = int(units.max()) + 1
+    if n_boot <= 0 or m < 2:
+        return _EMPTY, _EMPTY
+    from scipy import stats
+
+    def statistic(drawn: np.ndarray, axis: int = -1) -> np.ndarray:
+        drawn = np.moveaxis(drawn, axis, -1)
+        rows = drawn.reshape(-1, m)
+        offsets = (np.arange(rows.shape[0]) * m)[:, None]
+        counts = np.bincount((rows + offsets).ravel(), minlength=rows.size).reshape(rows.shape)
+        b, a = _ols(lx, ly, counts[:, units].astype(float))
+        return np.stack([b, a]).reshape(2, *drawn.shape[:-1])
+
+    with warnings.catch_warnings():  # degenerate (NaN) resamples are expected and skipped
+        warnings.simplefilter("ignore", stats.DegenerateDataWarning)
+        res = stats.bootstrap(
+            (np.arange(m),), statistic, n_resamples=n_boot, vectorized=True, method="percentile",
+            random_state=np.random.default_rng(seed),
+        )  # fmt: skip
+    return res.bootstrap_distribution[0], res.bootstrap_distribution[1]
 
 
 def _ols(lx: np.ndarray, ly: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
