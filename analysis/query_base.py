@@ -8,7 +8,7 @@ from typing import Literal
 
 import polars as pl
 
-from analysis._stats import t_critical
+from analysis.power_law import t_critical
 from analysis.identity import ID_COLUMNS, with_ids
 from analysis.load import CONFIG_ID, LABEL_COLUMNS, SCHEMAS, SIZE_COLUMNS, TABLES, Results, rotation_label
 

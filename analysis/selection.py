@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from analysis._stats import t_critical
+from analysis.power_law import t_critical
 from analysis.schema import FINISHED
 from analysis.load import LABEL_COLUMNS, Results
 from analysis.query_base import (

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
 import pytest
-from analysis_fixtures import EXPONENT, messy_store, store  # noqa: F401  (fixtures)
+from analysis_fixtures import EXPONENT, store  # noqa: F401  (fixture)
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -20,7 +23,9 @@ from analysis.fits import (
     fit_groups,
     fit_power_law,
 )
+from analysis.fits import _welch
 from analysis.load import load
+from analysis.power_law import t_critical
 
 SIZES = np.repeat([1e5, 1e6, 1e7], 3)  # 3 sizes x 3 seeds
 
@@ -325,60 +330,14 @@ def test_seed_comparison_is_a_welch_test() -> None:
 
 # ---------------------------------------------------------------- scipy vs the hand-written statistics
 
-
-def _equivalence_cases(path) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray, float]]:
-    """(name, x, y, seeds, offset) for each config line of a store: raw and excess resid
-    kurtosis and the final val loss against params_non_embedding."""
-    frames = {
-        "kurtosis": (queries.per_trial(load(path), "kurtosis").collect(), "value", 0.0),
-        "excess": (queries.per_trial(load(path), "kurtosis", control=queries.CONTROL).collect(), "value", 0.0),
-        "loss": (queries.per_trial(load(path), "kurtosis").collect(), "final_val_loss", 0.0),
-    }
-    cases = []
-    for label, (per, y, offset) in frames.items():
-        per = per.filter(pl.col(y).is_not_null() & (pl.col(y) > offset))
-        for key, part in sorted(per.partition_by(["optimizer", "norm", "rotation_label"], as_dict=True).items()):
-            cases.append((f"{label} {' '.join(map(str, key))}", part["params_non_embedding"].to_numpy().astype(float),
-                          part[y].to_numpy(), part["seed"].to_numpy(), offset))  # fmt: skip
-    return cases
+FROZEN = json.loads((Path(__file__).parent / "stats_frozen.json").read_text())
+"""What analysis/_stats.py and the hand-written OLS/Welch gave before scipy replaced them
+(with the inputs: each config line of the analysis_fixtures stores)."""
 
 
-def _legacy_fit(x, y, seeds, offset, confidence=0.95) -> dict[str, float]:
-    """The hand-written fit this module replaced (closed-form OLS, _stats' t quantiles)."""
-    from analysis._stats import t_critical as t_old
-    from analysis.power_law import seed_exponents
-
-    lx, ly = np.log(x), np.log(y - offset)
-    dx, dy = lx - lx.mean(), ly - ly.mean()
-    b = float(dx @ dy / (dx @ dx))
-    a = float(ly.mean() - b * lx.mean())
-    resid = ly - (a + b * lx)
-    ss_res = float(resid @ resid)
-    se = math.sqrt(ss_res / (x.size - 2) / float(dx @ dx))
-    half_t = t_old(float(x.size - 2), confidence) * se
-    _, idx = np.unique(seeds, return_inverse=True)
-    per_seed = seed_exponents(lx, ly, idx)
-    per_seed = per_seed[np.isfinite(per_seed)]
-    if per_seed.size >= 2:
-        half_seed = t_old(float(per_seed.size - 1), confidence) * per_seed.std(ddof=1) / math.sqrt(per_seed.size)
-    else:  # one seed: the OLS t interval
-        half_seed = half_t
-    return {"exponent": b, "coefficient": math.exp(a), "r2": 1.0 - ss_res / float(dy @ dy), "exponent_se": se,
-            "t_low": b - half_t, "t_high": b + half_t, "seed_half": half_seed, "seed_centre": b}  # fmt: skip
-
-
-def _legacy_welch(sa: np.ndarray, sb: np.ndarray, d: float, confidence=0.95) -> dict[str, float]:
-    from analysis._stats import t_critical as t_old
-    from analysis._stats import t_sf
-
-    va, vb = sa.var(ddof=1) / sa.size, sb.var(ddof=1) / sb.size
-    se = math.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va**2 / (sa.size - 1) + vb**2 / (sb.size - 1))
-    return {"df": df, "half": t_old(df, confidence) * se, "p": t_sf(abs(d) / se, df)}
-
-
-def _new_fit(x, y, seeds, offset) -> tuple[PowerLawFit, dict[str, float]]:
-    fit = fit_power_law(x, y, offset=offset, seeds=seeds, n_boot=0)
+def _new_fit(case: dict[str, Any]) -> tuple[PowerLawFit, dict[str, float]]:
+    x, y, seeds = (np.asarray(case[k], dtype=float) for k in ("x", "y", "seeds"))
+    fit = fit_power_law(x, y, offset=case["offset"], seeds=seeds, n_boot=0)
     lo, hi = fit.exponent_ci
     return fit, {"exponent": fit.exponent, "coefficient": fit.coefficient, "r2": fit.r2,
                  "exponent_se": fit.exponent_se, "t_low": fit.exponent_ci_t[0], "t_high": fit.exponent_ci_t[1],
@@ -386,46 +345,27 @@ def _new_fit(x, y, seeds, offset) -> tuple[PowerLawFit, dict[str, float]]:
 
 
 def test_t_quantiles_match_the_hand_written_ones() -> None:
-    from analysis._stats import t_critical as t_old
-    from analysis.power_law import t_critical
-
-    for df in (1, 2, 3, 4.5, 7.3, 10, 30, 100, 1000):
-        for confidence in (0.8, 0.9, 0.95, 0.99):
-            assert t_critical(float(df), confidence) == pytest.approx(t_old(float(df), confidence), rel=1e-9, abs=1e-9)
+    for df, confidence, want in FROZEN["t_critical"]:
+        assert t_critical(float(df), confidence) == pytest.approx(want, rel=1e-9, abs=1e-9), (df, confidence)
     assert math.isnan(t_critical(0.5)) and math.isnan(t_critical(3.0, 1.0))
 
 
-@pytest.mark.parametrize("which", ["store", "messy_store"])
-def test_library_fits_and_t_intervals_match_the_hand_written_ones(which, request) -> None:
+def test_library_fits_and_t_intervals_match_the_hand_written_ones() -> None:
     """Over the synthetic stores (one clean, one with failed trials and unbalanced seeds):
-    point fit, r2, OLS standard error and t interval, between-seed half-width, and the Welch
-    test between optimisers, new (scipy) against old (hand-written) within 1e-9."""
-    cases = _equivalence_cases(request.getfixturevalue(which).path)
-    assert len(cases) >= 6
-    by_line: dict[str, tuple[PowerLawFit, np.ndarray]] = {}
-    for name, x, y, seeds, offset in cases:
-        fit, new = _new_fit(x, y, seeds, offset)
-        old = _legacy_fit(x, y, seeds, offset)
-        for k in old:
-            assert new[k] == pytest.approx(old[k], rel=1e-9, abs=1e-9), (name, k)
-        by_line[name] = (fit, x)
-    pairs = [(n, n.replace(" adam ", " sgd ")) for n in by_line if " adam " in n and n.replace(" adam ", " sgd ") in by_line]
-    compared = 0
-    for nb, na in pairs:
-        fa, fb = by_line[na][0], by_line[nb][0]
-        if min(fa.seed_exponents.size, fb.seed_exponents.size) < 2:
-            continue  # compare_exponents tests these by bootstrap, not Welch
-        c = _welch_of(fa, fb)
-        old = _legacy_welch(fa.seed_exponents, fb.seed_exponents, fb.exponent - fa.exponent)
-        assert c.method == f"Welch t over seeds (df {old['df']:.1f})"
+    point fit, r2, OLS standard error and t interval, between-seed interval, and the Welch
+    test between optimisers, scipy against the hand-written code's frozen outputs within 1e-9."""
+    assert len(FROZEN["fits"]) == 30 and len(FROZEN["welch"]) == 13
+    fits = {}
+    for case in FROZEN["fits"]:
+        fit, new = _new_fit(case)
+        for k, want in case["expected"].items():
+            assert new[k] == pytest.approx(want, rel=1e-9, abs=1e-9), (case["name"], k)
+        fits[case["name"]] = fit
+    for pair in FROZEN["welch"]:
+        fa, fb = fits[pair["a"]], fits[pair["b"]]
+        c = _welch("sgd", "adam", fa, fb, 0.95)
+        want = pair["expected"]
+        assert c.method == f"Welch t over seeds (df {want['df']:.1f})"
         half = (c.difference_ci[1] - c.difference_ci[0]) / 2
-        assert half == pytest.approx(old["half"], rel=1e-9, abs=1e-9), nb
-        assert c.p_value == pytest.approx(old["p"], rel=1e-9, abs=1e-12), nb
-        compared += 1
-    assert compared >= 1
-
-
-def _welch_of(fa: PowerLawFit, fb: PowerLawFit):
-    from analysis.fits import _welch
-
-    return _welch("a", "b", fa, fb, 0.95)
+        assert half == pytest.approx(want["half"], rel=1e-9, abs=1e-9), pair["b"]
+        assert c.p_value == pytest.approx(want["p"], rel=1e-9, abs=1e-12), pair["b"]

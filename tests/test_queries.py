@@ -11,7 +11,7 @@ from analysis_fixtures import store, twins  # noqa: F401  (fixtures)
 
 from analysis import queries as q
 from analysis import selection as sel
-from analysis._stats import t_critical
+from analysis.power_law import t_critical
 from analysis.load import METRICS_SCHEMA, RUNS_SCHEMA, load
 
 T1 = 12.706204736  # t(0.975, 1 dof)
