@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from analysis.power_law import ExponentComparison, PowerLawFit, fit_power_law, t_critical
+from analysis.power_law import ExponentComparison, PowerLawFit, fit_power_law
 
 __all__ = [
     "ExponentComparison",
@@ -265,16 +265,14 @@ def _welch(a: str, b: str, fa: PowerLawFit, fb: PowerLawFit, confidence: float) 
     from scipy import stats
 
     sa, sb = fa.seed_exponents, fb.seed_exponents
-    d = fb.exponent - fa.exponent
-    se = math.sqrt(sa.var(ddof=1) / sa.size + sb.var(ddof=1) / sb.size)
-    if se > 0:
+    d = float(sb.mean() - sa.mean())
+    if np.ptp(sa) == 0 and np.ptp(sb) == 0:  # no spread on either side: nothing to test
+        df, ci, p = float(sa.size + sb.size - 2), (d, d), 0.0 if d else 1.0
+    else:
         test = stats.ttest_ind(sb, sa, equal_var=False)
         df = float(test.df)
-        half = t_critical(df, confidence) * se
-        p = float(2 * stats.t.sf(abs(d) / se, df))
-    else:
-        df, half, p = float(sa.size + sb.size - 2), 0.0, 0.0 if d else 1.0
-    ci = (d - half, d + half)
+        interval = test.confidence_interval(confidence)
+        ci, p = (float(interval.low), float(interval.high)), float(test.pvalue)
     return ExponentComparison(
         a=a, b=b, fit_a=fa, fit_b=fb, difference=d, difference_ci=ci,
         p_value=p, confidence=confidence, method=f"Welch t over seeds (df {df:.1f})",

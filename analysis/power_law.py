@@ -132,7 +132,8 @@ class ExponentComparison:
     difference" (``method`` says which).
 
     With seeds (both fits between-seed): a Welch t-test on the two sets of per-seed
-    exponents. Otherwise the two fits are bootstrapped independently (they are independent
+    exponents; ``difference`` is then the difference of their means (the pooled slopes'
+    difference when every seed has the same sizes). Otherwise the two fits are bootstrapped independently (they are independent
     trials);
     ``p_value = min(1, 2 * min(P*(d <= 0), P*(d >= 0)))`` over the bootstrap differences d,
     each proportion computed as (count + 1) / (resamples + 1), so p < 1 - confidence exactly
@@ -251,8 +252,7 @@ def fit_power_law(
         seed_b = seed_exponents(lx, ly, idx)
         seed_b = seed_b[np.isfinite(seed_b)]
         if seed_b.size >= 2:
-            half = float(between_seed_halfwidth(seed_b, confidence))
-            b_ci, interval = (b - half, b + half), f"between-seed t ({seed_b.size} seeds)"
+            b_ci, interval = _seed_interval(seed_b, confidence), f"between-seed t ({seed_b.size} seeds)"
         else:
             b_ci, interval = ci_t, "OLS t (one seed)"
     return PowerLawFit(
@@ -325,6 +325,16 @@ def _t_interval(centre: float, se: float, df: int, confidence: float) -> tuple[f
 
     lo, hi = stats.t.interval(confidence, df, loc=centre, scale=se) if se > 0 else (centre, centre)
     return float(lo), float(hi)
+
+
+def _seed_interval(seed_b: np.ndarray, confidence: float) -> tuple[float, float]:
+    """The t-interval over per-seed slopes, centred on their mean (not the pooled slope)."""
+    from scipy import stats
+
+    if np.ptp(seed_b) == 0:  # identical slopes: no spread, the interval is the point
+        return float(seed_b[0]), float(seed_b[0])
+    ci = stats.ttest_1samp(seed_b, 0.0).confidence_interval(confidence)
+    return float(ci.low), float(ci.high)
 
 
 def _bootstrap(lx: np.ndarray, ly: np.ndarray, units: np.ndarray, n_boot: int, seed: SeedLike):
