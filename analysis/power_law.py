@@ -137,7 +137,10 @@ class ExponentComparison:
     trials);
     ``p_value = min(1, 2 * min(P*(d <= 0), P*(d >= 0)))`` over the bootstrap differences d,
     each proportion computed as (count + 1) / (resamples + 1), so p < 1 - confidence exactly
-    when 0 lies outside the CI, and p is never below 2 / (resamples + 1)."""
+    when 0 lies outside the CI, and p is never below 2 / (resamples + 1). The bootstrap needs
+    ``fits.MIN_BOOTSTRAP_UNITS`` points (or groups) a side: with fewer (e.g. one seed at three
+    sizes) there is no test, ``p_value`` and ``difference_ci`` are NaN and ``method`` says
+    why (``"no p-value: ..."``)."""
 
     a: str
     b: str
@@ -149,13 +152,15 @@ class ExponentComparison:
     confidence: float = 0.95
     n_boot: int = 0
     method: str = "bootstrap"
+    """``Welch t over seeds (df ...)``, ``bootstrap over points (n_a; n_b)`` / ``... groups``,
+    or ``no p-value: <why>``."""
 
     def __str__(self) -> str:
         lo, hi = self.difference_ci
-        return (
-            f"exponent({self.b}) - exponent({self.a}) = {self.difference:+.3f} "
-            f"[{lo:+.3f}, {hi:+.3f}] ({self.confidence:.0%} CI), p = {self.p_value:.3g}"
-        )
+        head = f"exponent({self.b}) - exponent({self.a}) = {self.difference:+.3f}"
+        if math.isnan(self.p_value):
+            return f"{head} ({self.method})"
+        return f"{head} [{lo:+.3f}, {hi:+.3f}] ({self.confidence:.0%} CI), p = {self.p_value:.3g} ({self.method})"
 
 
 def fit_power_law(

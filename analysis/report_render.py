@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import html
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from string import Template
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from analysis.charts import AXIS_TITLES, format_count
+from analysis.fits import MIN_BOOTSTRAP_UNITS
 from analysis.load import config_label
 from analysis.vega_workers import VECTOR, VegaWorkers, render_spec
 
@@ -98,6 +100,13 @@ INTERVALS = (
 )
 
 
+COMPARISONS = (
+    "Two-sided p-values from Welch's t over per-seed exponents (2+ seeds a side), else from "
+    f"independent bootstraps ({MIN_BOOTSTRAP_UNITS}+ points a side); with fewer replicates there "
+    "is no test: p is — and the Method column says why."
+)
+
+
 def _n_label(r: dict[str, Any]) -> str:
     seeds = f" × {r['n_seeds']} seeds" if r.get("n_seeds") is not None else ""
     return f"{r['n']} ({r['n_x']} sizes{seeds})"
@@ -125,13 +134,23 @@ def comparisons_table(c: pl.DataFrame) -> Table:
     """exponent(b) − exponent(a) between optimisers at the same norm and rotation."""
     strata = [s for s in c.columns if s in ("norm", "rotation_label")]
     rows = [
-        [r["fit"], *[fmt(r[s]) for s in strata], r["a"], r["b"],
-         f"{r['difference']:+.3f} [{r['difference_low']:+.3f}, {r['difference_high']:+.3f}]",
-         f"{r['p_value']:.3g}", f"{r['n_a']}; {r['n_b']}", r.get("method") or ""]  # fmt: skip
+        [r["fit"], *[fmt(r[s]) for s in strata], r["a"], r["b"], _difference(r),
+         "—" if _missing(r["p_value"]) else f"{r['p_value']:.3g}", f"{r['n_a']}; {r['n_b']}", r.get("method") or ""]  # fmt: skip
         for r in c.iter_rows(named=True)
     ]
     head = ["Fit", *[s.removesuffix("_label") for s in strata], "a", "b", "Difference [CI]", "p", "n (a; b)", "Method"]
     return Table(head, rows)
+
+
+def _missing(v: float | None) -> bool:
+    return v is None or math.isnan(v)
+
+
+def _difference(r: dict[str, Any]) -> str:
+    """``+0.246 [+0.178, +0.313]``, or the difference alone where there is no interval."""
+    if _missing(r["difference_low"]) or _missing(r["difference_high"]):
+        return f"{r['difference']:+.3f} (no CI)"
+    return f"{r['difference']:+.3f} [{r['difference_low']:+.3f}, {r['difference_high']:+.3f}]"
 
 
 def best_lr_table(best: pl.DataFrame, x: str) -> Table:
@@ -174,7 +193,7 @@ def fits_markdown(fits: pl.DataFrame, comparisons: pl.DataFrame, confidence: flo
         *fits_table(fits).markdown(),
     ]
     if comparisons.height:
-        lines += ["", "# Exponent differences (b − a)", "", *comparisons_table(comparisons).drop("Method").markdown()]
+        lines += ["", "# Exponent differences (b − a)", "", COMPARISONS, "", *comparisons_table(comparisons).markdown()]
     return "\n".join(lines) + "\n"
 
 
@@ -291,8 +310,7 @@ def index_html(content: ReportContent, svgs: dict[str, str], formats: Sequence[s
     if c.comparisons.height:
         body.append(
             "<h2>Exponent differences</h2><p>exponent(b) − exponent(a) between optimisers "
-            "at the same norm and rotation; Welch t over per-seed exponents (or independent "
-            "bootstraps with one seed), two-sided p-value.</p>"
+            f"at the same norm and rotation. {e(COMPARISONS)}</p>"
         )
         body.append(comparisons_table(c.comparisons).html())
     if c.best_lr.height:

@@ -419,3 +419,26 @@ def test_between_seed_interval_is_centred_on_the_mean_of_the_per_seed_slopes() -
     want = c.fit_b.seed_exponents.mean() - centre
     assert c.difference == pytest.approx(want, abs=1e-12)
     assert sum(c.difference_ci) / 2 == pytest.approx(want, abs=1e-12)
+
+
+def test_no_p_value_from_three_points() -> None:
+    """Issue 23 item 3: one seed at three sizes a side has no replicates; the bootstrap over 3
+    points sat at its floor (p = 2 / (n_boot + 1)). No p-value and no interval, and ``method``
+    says why; from 5 points a side the bootstrap test is back."""
+    rng = np.random.default_rng(3)
+    x, seeds, ya = _simulate(3, 1, 1, rng, b=0.2)
+    _, _, yb = _simulate(3, 1, 1, rng, b=0.6)
+    df = pl.DataFrame({"x": np.r_[x, x], "y": np.r_[ya[0], yb[0]], "seed": np.r_[seeds, seeds],
+                       "optimizer": ["sgd"] * 3 + ["adam"] * 3})  # fmt: skip
+    for kwargs in ({"seeds": "seed"}, {}):
+        c = compare_exponents(df, "x", "y", "optimizer", "sgd", "adam", offset=3.0, n_boot=800, **kwargs)
+        assert math.isnan(c.p_value) and all(math.isnan(v) for v in c.difference_ci)
+        assert c.difference == pytest.approx(c.fit_b.exponent - c.fit_a.exponent)
+        assert c.method.startswith("no p-value: ") and "5+ points a side" in c.method
+        assert "p =" not in str(c) and "no p-value" in str(c)
+    assert "1 seed, 3 points vs 1 seed, 3 points" in compare_exponents(
+        df, "x", "y", "optimizer", "sgd", "adam", offset=3.0, seeds="seed", n_boot=100).method
+    x5, seeds5, y5 = _simulate(5, 1, 2, rng)
+    df5 = pl.DataFrame({"x": np.r_[x5, x5], "y": np.r_[y5[0], y5[1]], "optimizer": ["sgd"] * 5 + ["adam"] * 5})
+    c5 = compare_exponents(df5, "x", "y", "optimizer", "sgd", "adam", offset=3.0, n_boot=200)
+    assert 0 < c5.p_value <= 1 and c5.method == "bootstrap over points (5; 5)"

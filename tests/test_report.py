@@ -81,6 +81,22 @@ def test_control_excess_keeps_fits_that_offset_3_loses(tmp_path: Path) -> None:
     assert fit["exponent_low"] < 0.3 < fit["exponent_high"]  # the excess's own exponent
 
 
+def test_one_seed_at_three_sizes_prints_no_p_value(tmp_path: Path) -> None:
+    """Issue 23 item 3: the bootstrap over three points printed p = 0.0025 for every pair."""
+    from synthetic_store import write_store
+
+    one = write_store(tmp_path, name="one", seeds=(0,), steps=(0, 10), seed=1)
+    specs = (FitSpec("kurtosis", chart=False),)
+    rep = write_report(one.path, tmp_path / "rep", formats=("svg",), fit_specs=specs, n_boot=800)
+    row = rep.comparisons.row(0, named=True)
+    assert rep.comparisons.height == 1 and row["p_value"] != row["p_value"]  # NaN: no test
+    assert row["method"].startswith("no p-value: 1 seed, 3 points vs 1 seed, 3 points")
+    md = (Path(rep.out) / "fits.md").read_text()
+    table = md.split("# Exponent differences")[1]
+    assert "| — |" in table and "(no CI)" in table and "no p-value: 1 seed" in table
+    assert "0.0025" not in table
+
+
 def test_main_charts_show_best_lr_points_and_say_so(tmp_path: Path) -> None:
     from synthetic_store import write_store
 
