@@ -442,3 +442,20 @@ def test_no_p_value_from_three_points() -> None:
     df5 = pl.DataFrame({"x": np.r_[x5, x5], "y": np.r_[y5[0], y5[1]], "optimizer": ["sgd"] * 5 + ["adam"] * 5})
     c5 = compare_exponents(df5, "x", "y", "optimizer", "sgd", "adam", offset=3.0, n_boot=200)
     assert 0 < c5.p_value <= 1 and c5.method == "bootstrap over points (5; 5)"
+
+
+def test_scipy_is_imported_only_when_a_fit_needs_it() -> None:
+    """``sweep plan`` and the CLI start-up stay fast: importing the CLI and the analysis
+    package loads no scipy; the first fit does."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, sweep.cli, analysis\n"
+        "from analysis import fits, power_law\n"
+        "assert not [m for m in sys.modules if m.startswith(('scipy', 'statsmodels'))]\n"
+        "fits.fit_power_law([1.0, 2.0, 4.0], [1.0, 2.1, 3.9], n_boot=10)\n"
+        "assert 'scipy.stats' in sys.modules\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
