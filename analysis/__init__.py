@@ -6,7 +6,7 @@
     analysis.write_report("results/scaling")      # fits + charts + index.html
 
 Never imports torch or ray. The light modules (load, schema, labels, identity, queries, selection,
-power_law, fits: polars and numpy only) are imported with the package and their ``__all__`` re-exported; the heavy
+power_law, fits: polars and numpy; scipy inside the fits that use it) are imported with the package and their ``__all__`` re-exported; the heavy
 ones (charts, report: Altair, vl-convert) load on first use (``analysis.charts``,
 ``analysis.write_report``).
 """
