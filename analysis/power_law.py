@@ -133,8 +133,8 @@ class ExponentComparison:
 
     With seeds (both fits between-seed): a Welch t-test on the two sets of per-seed
     exponents; ``difference`` is then the difference of their means (the pooled slopes'
-    difference when every seed has the same sizes). Otherwise the two fits are bootstrapped independently (they are independent
-    trials);
+    difference when every seed has the same sizes). Otherwise the two fits are bootstrapped
+    independently (they are independent trials);
     ``p_value = min(1, 2 * min(P*(d <= 0), P*(d >= 0)))`` over the bootstrap differences d,
     each proportion computed as (count + 1) / (resamples + 1), so p < 1 - confidence exactly
     when 0 lies outside the CI, and p is never below 2 / (resamples + 1). The bootstrap needs
