@@ -26,6 +26,7 @@ scipy is imported inside the functions that use it, so importing the package (an
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -351,11 +352,13 @@ def _bootstrap(lx: np.ndarray, ly: np.ndarray, units: np.ndarray, n_boot: int, s
         b, a = _ols(lx, ly, counts[:, units].astype(float))
         return np.stack([b, a]).reshape(2, *drawn.shape[:-1])
 
+    # scipy >= 1.15 names the generator ``rng``; ``random_state`` before (and deprecated after)
+    name = "rng" if "rng" in inspect.signature(stats.bootstrap).parameters else "random_state"
+    generator = {name: np.random.default_rng(seed)}
     with warnings.catch_warnings():  # degenerate (NaN) resamples are expected and skipped
         warnings.simplefilter("ignore", stats.DegenerateDataWarning)
         res = stats.bootstrap(
-            (np.arange(m),), statistic, n_resamples=n_boot, vectorized=True, method="percentile",
-            random_state=np.random.default_rng(seed),
+            (np.arange(m),), statistic, n_resamples=n_boot, vectorized=True, method="percentile", **generator,
         )  # fmt: skip
     return res.bootstrap_distribution[0], res.bootstrap_distribution[1]
 
