@@ -9,16 +9,18 @@ For the tests and the report benchmark (``benchmarks/bench_report.py``); not par
 
 The residual-stream kurtosis of optimiser ``o`` at its final step, in block l of L, is
 
-    3d/(d+2) + amplitude * (P / P_min) ** exponents[o] * w_l * exp(noise * z_trial + layer_noise * z)
+    3(d-1)/(d+1) + amplitude * (P / P_min) ** exponents[o] * w_l * exp(noise * z_trial + layer_noise * z)
 
 with P = params_non_embedding, w_l = l / L (w_0 = 0.05 for the embeddings), z standard normal;
-3d/(d+2) is what a vector without a privileged basis reads at width d (below 3 at small d),
-and the random-basis control reads it too. An exponent of ``None`` means no excess (like SGD
-in the paper). Averaged over blocks 1..L the excess over the control is
+3(d-1)/(d+1) is the exact null (``analysis.null``): what centred per-token kurtosis reads at
+width d without a privileged basis (below 3 at small d), and the random-basis control reads it
+too. An exponent of ``None`` means no excess (like SGD
+in the paper). Averaged over blocks 1..L the excess over the null (and the control) is
 ``amplitude * mean(w) * (P/P_min)**exponent`` times log-normal noise, so a power-law fit of
 stored minus control kurtosis recovers ``exponent``. The excess grows linearly over training
 (zero at step 0). Rotated models move the excess out of the stored basis into the
-computation basis (the paper's finding). Other metrics are simple functions of the excess.
+computation basis (the paper's finding). Other metrics are simple functions of the excess
+(``outlier_dims_rel`` = round(2 excess), 0 at d_model <= 36 as in a real model).
 
 ``lrs`` gives an optimiser an lr ladder: one trial per lr, the final val loss rising as
 ``lr_penalty * log(lr / best)**2`` away from the optimiser's best lr (``best_lrs``).
@@ -41,6 +43,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from analysis.identity import science_hash
+from analysis.null import null_expr
 from analysis.load import CHECKS_SCHEMA, CURVES_SCHEMA, METRICS_SCHEMA, RUNS_SCHEMA
 from analysis.schema import ARROW
 from sweep.store import ResultsStore
@@ -288,7 +291,7 @@ def write_store(
     excess = pl.col("_amp") * pl.col("w") * pl.col("frac") * basis_factor * (
         layer_noise * pl.col("z")
     ).exp() + 0.01 * layer_noise * pl.col("z")
-    control = 3.0 * pl.col("d_model") / (pl.col("d_model") + 2)  # no privileged basis
+    control = null_expr("d_model")  # no privileged basis: the exact null
     value = (
         pl.when(pl.col("metric") == "kurtosis")
         .then(control + excess)
@@ -296,8 +299,8 @@ def write_store(
         .then(1.0 + 0.5 * excess)
         .when(pl.col("metric") == "outlier_dims_abs")
         .then(pl.when(pl.col("site") == "resid").then(pl.col("d_model")).otherwise(excess.round()))
-        .when(pl.col("metric") == "outlier_dims_rel")
-        .then((2.0 * excess).round().clip(0))
+        .when(pl.col("metric") == "outlier_dims_rel")  # none can pass 6 RMS at d <= 36
+        .then(pl.when(pl.col("d_model") <= 36).then(0.0).otherwise((2.0 * excess).round().clip(0)))
         .when(pl.col("metric") == "max_abs")
         .then(5.0 + 3.0 * excess)
         .when(pl.col("metric") == "max_median_ratio")

@@ -48,6 +48,8 @@ METRIC_TITLES = {
     "neuron_kurtosis": "Neuron kurtosis (Gaussian ≈ 1)",
     "outlier_dims_abs": "Outlier dimensions (|x| > 6)",
     "outlier_dims_rel": "Outlier dimensions (|x| > 6 RMS)",
+    "outlier_fraction": "Outlier fraction of d (|x| > 6 RMS)",
+    "kurtosis_over_null": "Kurtosis / null 3(d−1)/(d+1)",
     "max_abs": "Max |activation|",
     "max_median_ratio": "Max / median |activation|",
     "dettmers_outliers": "Outlier features (Dettmers)",
