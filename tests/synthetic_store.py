@@ -23,7 +23,8 @@ computation basis (the paper's finding). Other metrics are simple functions of t
 (``outlier_dims_rel`` = round(2 excess), 0 at d_model <= 36 as in a real model).
 
 ``lrs`` gives an optimiser an lr ladder: one trial per lr, the final val loss rising as
-``lr_penalty * log(lr / best)**2`` away from the optimiser's best lr (``best_lrs``).
+``lr_penalty * log(lr / best)**2`` away from the optimiser's best lr (``best_lrs``, at the
+smallest size; it moves as (P / P_min) ** lr_exponents[o] with size).
 The quantisation penalty (metric ``quant_loss_delta``, site ``model``, layer -1, bases
 ``w8a8`` / ``w4a4``, final step) is ``0.01 * (1 + excess)`` (x 8 for w4a4), log-normal noise.
 Everything is vectorised so ~10M metric rows take seconds.
@@ -113,6 +114,7 @@ def write_store(
     metrics: Sequence[str] = SITE_METRICS,
     lrs: Mapping[str, Sequence[float]] | None = None,
     best_lrs: Mapping[str, float] | None = None,
+    lr_exponents: Mapping[str, float] | None = None,
     lr_penalty: float = 0.05,
     quant: bool = True,
     failed: int = 0,
@@ -213,7 +215,7 @@ def write_store(
                 "error": None,
                 "config_json": json.dumps(config),
                 "_excess_b": exps[opt],
-                "_lr_off": math.log(lr / best[opt]) ** 2,
+                "_lr_off": math.log(lr / (best[opt] * (non_emb / p_min) ** (lr_exponents or {}).get(opt, 0.0))) ** 2,
                 "_z": float(rng.standard_normal()),
             }
         )

@@ -147,7 +147,8 @@ def test_axis_titles_and_reference_rule(built) -> None:
     layer = json.dumps(built["kurtosis_by_layer"].to_dict())
     assert "Kurtosis (Gaussian = 3)" in layer
     assert "Layer (0 = embeddings)" in layer
-    assert '"datum": 3.0' in layer  # the Gaussian reference
+    assert '"datum": 3.0' not in layer  # the exact null at the model's width, not 3
+    assert "null 3(d−1)/(d+1)" in json.dumps(built["kurtosis_by_layer"].to_dict(), ensure_ascii=False)
     scale = json.dumps(built["metric_vs_params"].to_dict())
     assert "Parameters (non-embedding)" in scale
     assert '"type": "log"' in scale
@@ -287,3 +288,31 @@ def test_a_size_is_a_shape_whatever_the_norm_adds() -> None:
     every, _ = pick_size(df, None)
     assert every.group_by("size").len().height == 2
     assert pick_size(df, 196_736)[0]["d_model"].to_list() == [64, 64]
+
+
+def _null_rows(spec: dict) -> list[tuple[int, float]]:
+    return [(r["d_model"], r["null_ref"]) for r in _rows(spec) if r.get("null_ref") is not None]
+
+
+@pytest.mark.parametrize("name", ["kurtosis_by_layer", "metric_over_training", "basis_comparison", "by_family",
+                                  "kurtosis_vs_loss", "quant_penalty", "onset"])
+def test_kurtosis_charts_draw_the_exact_null_for_the_sizes_shown(built, name: str) -> None:
+    """Every kurtosis chart draws 3(d-1)/(d+1) at the widths it shows (labelled), never a line at 3."""
+    spec = built[name].to_dict()
+    text = json.dumps(spec, ensure_ascii=False)
+    assert "null 3(d−1)/(d+1)" in text and '"datum": 3.0' not in text
+    rows = _null_rows(spec)
+    assert rows and all(v == pytest.approx(3 * (d - 1) / (d + 1), rel=1e-12) for d, v in rows)
+    null_marks = [m for marks in _marks(spec).values() for m in marks if "null_ref" in m.values()]
+    assert null_marks  # a mark encodes the null
+
+
+def test_scaling_chart_draws_one_null_point_per_size(built, store) -> None:  # noqa: F811
+    spec = built["by_family"].to_dict()
+    widths = {d for d, _ in _null_rows(spec)}
+    assert widths == {32, 64, 128}  # every size on the axis has its null
+    layers = spec["spec"]["layer"]
+    line = [la for la in layers if la.get("encoding", {}).get("y", {}).get("field") == "null_ref"
+            and (la.get("mark") or {}).get("type") == "line"]
+    assert len(line) == 1 and line[0]["transform"][-2]["aggregate"][0]["op"] == "mean"
+    assert line[0]["transform"][-2]["groupby"] == ["params_non_embedding"]  # one point per size

@@ -193,15 +193,15 @@ def test_sql_errors_name_tables_and_columns(hand: Path) -> None:
 
 
 def test_synthetic_store_queries_are_consistent(store) -> None:  # noqa: F811
-    """On the fixture store: sgd reads the no-privilege 3d/(d+2) everywhere, and so does the
+    """On the fixture store: sgd reads the exact null 3(d-1)/(d+1) everywhere, and so does the
     random-basis control; adam's block-mean excess over the control matches the model."""
     r = load(store.path)
     tab = q.scale_table(r, "kurtosis").collect()
     assert tab.height == 6 and set(tab.get_column("n").to_list()) == {3}
     sgd = tab.filter(pl.col("optimizer") == "sgd")
-    control = [3 * d / (d + 2) for d in sgd.get_column("d_model")]
+    control = [3 * (d - 1) / (d + 1) for d in sgd.get_column("d_model")]
     assert sgd.get_column("mean").to_list() == pytest.approx(control, abs=1e-2)
-    assert min(control) < 2.9  # below 3 at small width: why excess is measured against the control
+    assert min(control) < 2.9  # below 3 at small width: why excess is measured against the null
     excess = q.scale_table(r, "kurtosis", control=q.CONTROL).collect()
     adam = excess.filter(pl.col("optimizer") == "adam").sort("params_non_embedding")
     for p, m in zip(adam.get_column("params_non_embedding"), adam.get_column("mean"), strict=True):
