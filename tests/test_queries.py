@@ -321,3 +321,24 @@ def test_quant_penalty_pairs_the_penalty_with_kurtosis(ladder) -> None:
     adam = w8.filter(pl.col("optimizer") == "adam").get_column("mean").min()
     assert adam > w8.filter(pl.col("optimizer") == "sgd").get_column("mean").max()
     assert w8.get_column("x").min() > 2.5  # x: the seed-mean kurtosis of the same config
+
+
+def test_over_null_reads_one_without_a_privileged_basis(store) -> None:  # noqa: F811
+    """kurtosis / 3(d-1)/(d+1): 1 for sgd at every width (and for the random-basis control),
+    (null + excess) / null for adam."""
+    from analysis.null import kurtosis_null
+
+    r = load(store.path)
+    per = q.per_trial(r, "kurtosis", over_null=True).collect()
+    sgd = per.filter(pl.col("optimizer") == "sgd")
+    assert sgd.get_column("value").to_list() == pytest.approx([1.0] * sgd.height, abs=1e-3)
+    control = q.per_trial(r, "kurtosis", "resid", "random", over_null=True).collect()
+    assert control.get_column("value").to_list() == pytest.approx([1.0] * control.height, abs=1e-3)
+    raw = q.per_trial(r, "kurtosis").collect().select("trial_id", raw="value", d="d_model")
+    joined = per.join(raw, on="trial_id")
+    want = [v / kurtosis_null(d) for v, d in zip(joined["raw"], joined["d"], strict=True)]
+    assert joined.get_column("value").to_list() == pytest.approx(want, rel=1e-12)
+    table = q.scale_table(r, "kurtosis", over_null=True).collect()
+    assert table.filter(pl.col("optimizer") == "sgd").get_column("mean").to_list() == pytest.approx([1.0] * 3, abs=1e-3)
+    with pytest.raises(q.QueryError, match="over_null needs the runs column d_model"):
+        q.per_trial(r.metrics, "kurtosis", over_null=True).collect()
