@@ -200,6 +200,18 @@ def build(
                 "and the attention / MLP inputs in their computation basis (largest model); "
                 f"{shown}. Dashed: the exact null 3(d−1)/(d+1).",
             )
+        comp_sites = tuple(s for s in selection.COMPUTATION_SITES if (*s, "kurtosis") in have)
+        if comp_sites and _varies(done.filter(pl.col("rotation").is_in(["partial", "shared"])), "rotation_label"):
+            gt = selection.group_size_table(main, sites=comp_sites, confidence=confidence).collect()
+            if gt.get_column("group_size_x").n_unique() >= 2:
+                say("kurtosis against group size")
+                built["kurtosis_vs_group_size"] = (
+                    charts.kurtosis_vs_group_size(gt),
+                    "Kurtosis of the attention / MLP inputs in their computation basis over the exact null "
+                    "3(d−1)/(d+1) (mean over blocks) against the number of consecutive blocks that share one "
+                    "basis (partial(k); shared = every block), ends rotated or not (embeddings: false); "
+                    f"largest model; {shown}; seed means with {confidence:.0%} t-intervals.",
+                )
         quant = sorted(b for s_, b, m in have if m == "quant_loss_delta" and s_ == "model")
         if not quant:
             c.notes.append("No quantisation penalty recorded (metric quant_loss_delta): chart skipped.")
@@ -327,6 +339,12 @@ def build(
         else pl.DataFrame(schema={"fit": pl.String})
     )
     c.comparisons = pl.from_dicts(comparison_rows) if comparison_rows else pl.DataFrame()
+    if c.fits.height and {"optimizer", "config", "exponent_low"} <= set(c.fits.columns):
+        built["slopes"] = (
+            charts.slopes(c.fits),
+            f"Each config's fitted exponent with its {confidence:.0%} interval (the fits table), one panel "
+            "per fit: kurtosis / null (0 = no growth over the null), outlier fraction, loss.",
+        )
     if c.lr_fit.height:
         c.notes.append(
             f"lr*(N) fitted for {c.lr_fit.height} config(s) from their best-lr points (lr_fit.csv: "

@@ -116,6 +116,7 @@ def write_store(
     best_lrs: Mapping[str, float] | None = None,
     lr_exponents: Mapping[str, float] | None = None,
     lr_penalty: float = 0.05,
+    sharing: bool = False,
     quant: bool = True,
     failed: int = 0,
     diverged: int = 0,
@@ -131,7 +132,10 @@ def write_store(
     the 10M-row benchmark).
 
     One trial per size x optimizer (x lr, see ``lrs``) x norm x rotation x seed.
-    ``rotations`` entries are names, ``("partial", k)`` or ``("groups", [[0, 1], [2, 3]])``. ``n_layers`` is one depth or one per size. The first
+    ``rotations`` entries are names, ``("partial", k)``, ``("partial", k, False)`` (embeddings
+    not rotated: label ``partial(k)-noemb``) or ``("groups", [[0, 1], [2, 3]])``. ``sharing``:
+    the computation-basis excess of ``partial(k)`` grows with k (x k / L; x 1.5 with the ends
+    unrotated), as the paper's question 5 would have it. ``n_layers`` is one depth or one per size. The first
     ``failed`` trials are marked failed (null results, an error, a few metric rows that
     must be ignored), the next ``diverged`` diverged."""
     rng = np.random.default_rng(seed)
@@ -156,20 +160,20 @@ def write_store(
         for r in rotations
         for s in seeds
     ):
-        rot_name, gs = (rot, None) if isinstance(rot, str) else rot
+        rot_name, gs, emb = (rot, None, True) if isinstance(rot, str) else (*rot, True)[:3]
         groups = gs if rot_name == "groups" else None
         gs = None if rot_name == "groups" else gs
         label = (
             f"partial({gs})" if gs is not None
             else "groups" + json.dumps(groups, separators=(",", ":")) if groups is not None
             else rot_name
-        )  # fmt: skip
+        ) + ("" if emb else "-noemb")  # fmt: skip
         params, non_emb = _params(d, L, vocab, seq_len)
         tokens = 20 * non_emb
         config = {
             "model": {"d_model": d, "n_layers": L, "n_heads": max(1, d // 16), "d_mlp": 4 * d},
             "norm": norm,
-            "rotation": {"mode": rot_name, "group_size": gs, "groups": groups},
+            "rotation": {"mode": rot_name, "group_size": gs, "groups": groups, **({} if emb else {"embeddings": False})},
             "optimizer": {"name": opt, "lr": lr},
             "data": {"corpus": "stdlib", "seq_len": seq_len},
             "train": {"tokens_per_param": 20, "batch_size": batch},
@@ -196,6 +200,7 @@ def write_store(
                 "group_size": gs,
                 "rotation_groups": None if groups is None else json.dumps(groups, separators=(",", ":")),
                 "rotation_label": label,
+                "rotate_embeddings": emb,
                 "config_id": science_hash(config),
                 "seed": s,
                 "corpus": "stdlib",
@@ -267,7 +272,7 @@ def write_store(
     )
     metric_frame = pl.DataFrame({"metric": [*metrics, "dettmers_outliers"]})
     trials = runs.filter(pl.col("status") != "failed").select(
-        "trial_id", "n_layers", "rotation", "d_model", "tokens", "_amp"
+        "trial_id", "n_layers", "rotation", "d_model", "tokens", "_amp", "group_size", "rotate_embeddings"
     )
     quant_trials = trials
     trials = pl.concat(
@@ -276,6 +281,9 @@ def write_store(
     rotated = pl.col("rotation") != "none"
     stored_factor = pl.when(rotated).then(0.02).otherwise(1.0)
     comp_factor = pl.when(pl.col("rotation") == "independent").then(0.3).otherwise(1.0)
+    if sharing:
+        by_group = pl.col("group_size") / pl.col("n_layers") * pl.when(pl.col("rotate_embeddings")).then(1.0).otherwise(1.5)
+        comp_factor = pl.when(pl.col("rotation") == "partial").then(by_group).otherwise(comp_factor)
     m = (
         trials.join(sites, on="n_layers")
         .join(step_frame, how="cross")

@@ -25,6 +25,7 @@ CHARTS = {
     "kurtosis_by_family",
     "quant_w8a8_vs_kurtosis",
     "quant_w4a4_vs_kurtosis",
+    "slopes",
 }
 
 
@@ -252,3 +253,15 @@ def test_fits_do_not_depend_on_the_order_rows_are_read_in(store) -> None:  # noq
     a, b = build(results, n_boot=200).fits, build(shuffled, n_boot=200).fits
     assert a.height > 0
     assert_frame_equal(a, b, check_exact=False, rel_tol=1e-9)
+
+
+def test_sharing_sweep_gets_the_group_size_chart(tmp_path: Path) -> None:
+    """A sweep over rotation group sizes (ends rotated and not) gets kurtosis against group size."""
+    from synthetic_store import write_store
+
+    rots = ["none", ("partial", 1), ("partial", 2), ("partial", 1, False), ("partial", 2, False)]
+    s = write_store(tmp_path, name="sharing", sizes=(64,), n_layers=2, optimizers=("adam",), seeds=(0, 1),
+                    rotations=rots, steps=(0, 10), sharing=True, quant=False)  # fmt: skip
+    rep = write_report(s.path, tmp_path / "rep", formats=("svg",), n_boot=20)
+    assert "kurtosis_vs_group_size" in rep.charts
+    assert "share one basis" in rep.captions["kurtosis_vs_group_size"]
