@@ -144,7 +144,7 @@ def lr_fit_markdown(lr_fit: pl.DataFrame, confidence: float) -> str:
     for r in lr_fit.iter_rows(named=True):
         ci = "" if r["exponent_lo"] is None else f" [{r['exponent_lo']:.3f}, {r['exponent_hi']:.3f}]"
         lines.append(
-            f"| {r['config'] or r['optimizer']} | {r['reference_params']:.3g} | {r['lr_at_reference']:.3g} | "
+            f"| {r['config'] or r['optimizer']} | {r['reference_params']:,.0f} | {r['lr_at_reference']:.3g} | "
             f"{r['exponent']:.3f}{ci} | {r['n_sizes']} | {(r['note'] or '').replace('|', '/')} |"
         )
     return "\n".join(lines) + "\n"
