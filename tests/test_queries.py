@@ -369,3 +369,26 @@ def test_group_size_table_reads_group_sizes_and_ends(tmp_path) -> None:
         assert row["mean"] == pytest.approx(want, rel=1e-12) and row["n"] == 2
     by_k = t.filter((pl.col("site") == "mlp_in") & (pl.col("ends") == "ends rotated")).sort("group_size_x")
     assert by_k.get_column("mean").is_sorted()  # the planted build-up with group size
+
+
+def test_stores_with_the_averaged_control_read_the_same(store) -> None:  # noqa: F811
+    """Stores written after the probe averages the control over Haar bases carry a row metric
+    kurtosis_sd (basis random: the sd across bases) beside kurtosis: no kurtosis view changes."""
+    import dataclasses
+
+    r = load(store.path)
+    ctrl = r.metrics.filter((pl.col("metric") == "kurtosis") & (pl.col("basis") == "random")).collect()
+    with_sd = dataclasses.replace(r, metrics=pl.concat([r.metrics, ctrl.with_columns(metric=pl.lit("kurtosis_sd"),
+                                                                                     value=pl.lit(0.15)).lazy()]))  # fmt: skip
+    assert with_sd.metrics.filter(pl.col("metric") == "kurtosis_sd").collect().height == ctrl.height > 0
+    for view in (
+        lambda x: q.basis_comparison(x),
+        lambda x: q.scale_table(x, "kurtosis", over_null=True),
+        lambda x: q.scale_table(x, "kurtosis", control=q.CONTROL),
+    ):
+        from polars.testing import assert_frame_equal
+
+        a, b = view(r).collect(), view(with_sd).collect()
+        keys = [c for c in ("config_id", "layer", "site", "basis") if c in a.columns]
+        assert a.height > 0
+        assert_frame_equal(a.sort(keys), b.sort(keys), check_exact=False, rel_tol=1e-12)
