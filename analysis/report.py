@@ -27,7 +27,7 @@ import polars as pl
 from analysis import report_render as render
 from analysis import storage
 from analysis.load import Results, load
-from analysis.report_build import build
+from analysis.report_build import COUNT_FIT_NOTE, build
 from analysis.report_fits import DEFAULT_FITS, FitSpec
 from analysis.vega_workers import VegaWorkers
 
@@ -117,7 +117,10 @@ def write_report(
     if len(c.sizes) >= 2 and c.n_done:
         say("writing fits.csv, fits.md, fits.tex")
         rep.files.append(writer.write("fits.csv", c.fits.write_csv().encode()))
-        md = render.fits_markdown(c.fits, c.comparisons, confidence) + lr_fit_markdown(c.lr_fit, confidence)
+        md = render.fits_markdown(c.fits, c.comparisons, confidence)
+        if COUNT_FIT_NOTE in c.notes:
+            md += "\n" + COUNT_FIT_NOTE + "\n"
+        md += lr_fit_markdown(c.lr_fit, confidence)
         rep.files.append(writer.write("fits.md", md.encode()))
         rep.files.append(writer.write("fits.tex", render.fits_latex(c.fits, confidence).encode()))
         if c.comparisons.height:

@@ -234,7 +234,7 @@ def build(
                     _lr_chart(c.best_lr, c.lr_fit, x),
                     "Best lr per size (hollow: at the edge of its ladder, a bound) with the fitted "
                     "lr*(N) = lr0 (N/N0)^b per config (lr_fit.csv, with the exponent's "
-                    f"{confidence:.0%} t-interval over sizes).",
+                    f"{confidence:.0%} t-interval over sizes): " + _lr_fit_words(c.lr_fit) + ".",
                 )
 
         # ---- scaling fits
@@ -339,6 +339,8 @@ def build(
         else pl.DataFrame(schema={"fit": pl.String})
     )
     c.comparisons = pl.from_dicts(comparison_rows) if comparison_rows else pl.DataFrame()
+    if c.fits.height and c.fits.get_column("fit").str.starts_with("outlier fraction").any():
+        c.notes.append(COUNT_FIT_NOTE)
     if c.fits.height and {"optimizer", "config", "exponent_low"} <= set(c.fits.columns):
         built["slopes"] = (
             charts.slopes(c.fits),
@@ -362,6 +364,24 @@ def build(
     c.charts = {name: chart for name, (chart, _) in built.items()}
     c.captions = {name: caption for name, (_, caption) in built.items()}
     return c
+
+
+COUNT_FIT_NOTE = (
+    "Outlier-fraction fits are quasi-Poisson GLMs of the outlier counts (offset log(d_model × blocks), "
+    "log size as regressor, Pearson dispersion floored at 1, t interval with n − 2 dof), not log-log least "
+    "squares: zero counts are data. " + counts.STRUCTURAL_NOTE + "."
+)
+
+
+def _lr_fit_words(lr_fit: pl.DataFrame) -> str:
+    """Each fitted lr*(N) in words, for the chart's caption."""
+    parts = []
+    for r in lr_fit.iter_rows(named=True):
+        ci = "" if r["exponent_lo"] is None else f" [{r['exponent_lo']:.2f}, {r['exponent_hi']:.2f}]"
+        note = f" ({r['note']})" if r["note"] else ""
+        parts.append(f"{r['config'] or r['optimizer']}: b = {r['exponent']:.2f}{ci}, "
+                     f"lr0 = {r['lr_at_reference']:.3g} at N0 = {r['reference_params']:,.0f}{note}")  # fmt: skip
+    return "; ".join(parts)
 
 
 def _count_fit(

@@ -85,6 +85,7 @@ def test_fits_table_holds_the_known_exponent(report, store) -> None:  # noqa: F8
     skipped = [n for n in rep.notes if "fits are undefined" in n]
     assert len(skipped) == 1 and skipped[0].count("sgd · layernorm · none") == 2 and "every count 0" in skipped[0]
     assert "kurtosis /" not in skipped[0]  # every kurtosis fit is defined
+    assert "quasi-Poisson GLMs of the outlier counts" in (Path(rep.out) / "fits.md").read_text()
     comparisons = pl.read_csv(Path(rep.out) / "comparisons.csv")
     raw = comparisons.filter(pl.col("fit").str.starts_with(RESID_OVER_NULL)).row(0, named=True)
     assert raw["a"].startswith("sgd") and raw["b"].startswith("adam")
@@ -137,6 +138,9 @@ def test_main_charts_show_best_lr_points_and_say_so(tmp_path: Path) -> None:
     assert "edge of ladder" in lr_fit.row(1, named=True)["note"]  # sgd's best is its largest lr
     assert "# Best lr against size" in (tmp_path / "rep" / "fits.md").read_text()
     assert "lr_vs_params" in rep.charts and any("lr_fit.csv" in n for n in rep.notes)
+    import re
+
+    assert re.search(r"adam [^:]*: b = -?0\.00, lr0 = 0\.003 at N0 = [\d,]+ \(2 sizes: no interval\)", rep.captions["lr_vs_params"])
 
 
 def test_report_never_pools_configs_that_differ_in_one_hyper_parameter(twins, tmp_path: Path) -> None:  # noqa: F811
