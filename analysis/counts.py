@@ -15,6 +15,7 @@ sizes say nothing about scaling and are left out of the fit (``STRUCTURAL_D``).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,7 +118,11 @@ def fit_count_power_law(
         raise ValueError("outliers at one size only: the slope is unbounded above (no finite fit)")
     x_ref = float(np.exp(np.log(sizes).mean()))
     design = np.column_stack([np.ones_like(x), np.log(x / x_ref)])
-    res = sm.GLM(y, design, family=sm.families.Poisson(), offset=np.log(e)).fit()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # reported below as a reason, not as console noise
+        res = sm.GLM(y, design, family=sm.families.Poisson(), offset=np.log(e)).fit()
+    if not res.converged or not np.all(np.isfinite(res.params)):
+        raise ValueError("the count GLM did not converge (no finite slope)")
     n = int(y.size)
     df = n - 2
     dispersion = float(np.sum(res.resid_pearson**2) / df) if df > 0 else math.nan
