@@ -31,7 +31,9 @@ def kurtosis_vs_group_size(
     df, size_note = pick_size(as_frame(table), size)
     df = df.with_columns(
         pl.col("group_size_x").cast(pl.Int64),
-        config=pl.format("{} · {}", pl.col("optimizer"), pl.col("site_name")),
+        # one line per optimiser, norm and layer input across group sizes (ends: the panel)
+        config=pl.concat_str([pl.col(c).cast(pl.String).fill_null("") for c in ("optimizer", "norm", "site_name")
+                              if c in df.columns], separator=" · "),
     )
     sizes = sorted({int(v) for v in df.get_column("group_size_x").drop_nulls().to_list()})
     x = alt.X("group_size_x:Q", title="Blocks sharing one basis (group size)",
