@@ -188,6 +188,16 @@ def build(
                     f"optimiser, one panel per optimiser family; {shown}; seed means with "
                     f"{confidence:.0%} t-intervals. Dashed: the exact null 3(d−1)/(d+1) of each size.",
                 )  # fmt: skip
+            elif len(sizes) >= 2:  # one family: the raw kurtosis against size, beside its null
+                say("kurtosis against size")
+                raw = queries.scale_table(main, "kurtosis", confidence=confidence).collect()
+                built["kurtosis_vs_params"] = (
+                    charts.metric_vs_params(raw, None, x=x, facet=facet, connect=True, title="Residual stream"),
+                    "Residual-stream kurtosis (mean over blocks) against model size, one line per config; "
+                    f"{shown}; seed means with {confidence:.0%} t-intervals. Dashed: the exact null "
+                    "3(d−1)/(d+1) of each size (it rises with d: raw kurtosis drifts up with width even "
+                    "without a privileged basis, which is why the fits use kurtosis / null).",
+                )  # fmt: skip
         else:
             c.notes.append("No residual-stream kurtosis recorded: layer and training charts skipped.")
         if any(s in {("attn_in", "computation"), ("mlp_in", "computation")} for s in {(a, b) for a, b, m in have if m == "kurtosis"}):

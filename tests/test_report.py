@@ -269,3 +269,14 @@ def test_sharing_sweep_gets_the_group_size_chart(tmp_path: Path) -> None:
     rep = write_report(s.path, tmp_path / "rep", formats=("svg",), n_boot=20)
     assert "kurtosis_vs_group_size" in rep.charts
     assert "share one basis" in rep.captions["kurtosis_vs_group_size"]
+    assert "kurtosis_by_family" not in rep.charts and "kurtosis_vs_params" not in rep.charts  # one size
+
+
+def test_one_family_still_gets_raw_kurtosis_against_size_with_its_null(tmp_path: Path) -> None:
+    from synthetic_store import write_store
+
+    s = write_store(tmp_path, name="adam", sizes=(32, 64), optimizers=("adam",), seeds=(0,), steps=(0, 10), quant=False)
+    rep = write_report(s.path, tmp_path / "rep", formats=("svg",), n_boot=20)
+    assert "kurtosis_vs_params" in rep.charts and "kurtosis_by_family" not in rep.charts
+    svg = (tmp_path / "rep" / "kurtosis_vs_params.svg").read_text()
+    assert "null 3(d−1)/(d+1)" in svg
