@@ -237,11 +237,13 @@ def build(
 
         # ---- the best lr against size (where ladders were run at 2+ sizes)
         if tuned:
-            c.lr_fit = fit_lr_scaling(c.best_lr, x, confidence=confidence)
+            # against non-embedding parameters whatever the charts' x: the N of a spec's lr_scaling
+            lr_x = "params_non_embedding" if "params_non_embedding" in c.best_lr.columns else x
+            c.lr_fit = fit_lr_scaling(c.best_lr, lr_x, confidence=confidence)
             if c.lr_fit.height:
                 say("fitting the best lr against size")
                 built["lr_vs_params"] = (
-                    _lr_chart(c.best_lr, c.lr_fit, x),
+                    _lr_chart(c.best_lr, c.lr_fit, lr_x),
                     "Best lr per size (hollow: at the edge of its ladder, a bound) with the fitted "
                     "lr*(N) = lr0 (N/N0)^b per config (lr_fit.csv, with the exponent's "
                     f"{confidence:.0%} t-interval over sizes): " + _lr_fit_words(c.lr_fit) + ".",
