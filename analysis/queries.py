@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import polars as pl
 
 from analysis.labels import BASIS_SERIES
+from analysis.null import null_expr
 from analysis.load import TABLES, Results, load
 from analysis.query_base import (
     CONTROL, LayerAgg, Layers, QueryError, Source, at_step, carried, config_keys, group_keys, inputs,
@@ -56,6 +57,7 @@ def per_trial(
     layers: Layers = "blocks",
     runs: pl.LazyFrame | None = None,
     control: tuple[str, str] | None = None,
+    over_null: bool = False,
 ) -> pl.LazyFrame:
     """One row per done trial: its run columns plus ``value``, the metric at the trial's
     final step (or ``step``) aggregated over ``layers`` with ``layer_agg``.
@@ -63,7 +65,9 @@ def per_trial(
     ``layers="blocks"`` drops layer 0 (the embeddings) and keeps blocks 1..L (and the
     model-level layer -1); ``"all"`` keeps every layer; a list keeps those layers.
     ``control=(site, basis)`` (e.g. ``CONTROL``) subtracts that series' value at the same
-    trial, step and layer before aggregating (layers without a control value drop out)."""
+    trial, step and layer before aggregating (layers without a control value drop out).
+    ``over_null=True`` divides the value by the exact null 3(d-1)/(d+1) at the trial's
+    d_model (``analysis.null``): 1 without a privileged basis, at every width."""
     metrics, runs = inputs(results, "metrics", runs)
     m = pick_metric(metrics, metric, site, basis, layers)
     if control is not None:
@@ -73,7 +77,12 @@ def per_trial(
     per = m.group_by("trial_id").agg(
         value=agg, step=pl.col("step").first(), tokens=pl.col("tokens").first()
     )
-    return join_runs(per, runs)
+    per = join_runs(per, runs)
+    if over_null:
+        if "d_model" not in per.collect_schema().names():
+            raise QueryError("over_null needs the runs column d_model: pass a Results, or runs=")
+        per = per.with_columns(value=pl.col("value") / null_expr("d_model"))
+    return per
 
 
 def layer_profile(
@@ -116,13 +125,14 @@ def scale_table(
     confidence: float = 0.95,
     runs: pl.LazyFrame | None = None,
     control: tuple[str, str] | None = None,
+    over_null: bool = False,
 ) -> pl.LazyFrame:
     """One row per config (a config has one model size): the metric aggregated over layers
-    (``layer_agg`` of ``layers``, see ``per_trial``, ``control`` too) within each trial, then
+    (``layer_agg`` of ``layers``, see ``per_trial``, ``control`` and ``over_null`` too) within each trial, then
     over seeds (mean, std, n, t-based CI), with the size and label columns carried along."""
     per = per_trial(
         results, metric, site, basis, layer_agg, step=step, layers=layers, runs=runs,
-        control=control,
+        control=control, over_null=over_null,
     )  # fmt: skip
     keys, carry = group_keys(per, by)
     return summarise(per, keys, confidence=confidence, carry=carry)
@@ -183,7 +193,7 @@ def basis_comparison(
     runs: pl.LazyFrame | None = None,
 ) -> pl.LazyFrame:
     """The metric per layer in each basis: the residual stream in its stored basis and in a
-    random basis (the ~3 control), and the attention / MLP inputs in their computation basis.
+    random basis (the measured control, whose expectation is the exact null 3(d-1)/(d+1)), and the attention / MLP inputs in their computation basis.
     Long format: one row per config, layer and (site, basis), named in ``series``."""
     metrics, runs = inputs(results, "metrics", runs)
     wanted = pl.lit(False)

@@ -18,7 +18,7 @@ __all__ = [
 ]  # fmt: skip
 
 Source = Results | pl.LazyFrame | pl.DataFrame
-LayerAgg = Literal["mean", "max", "min", "median"]
+LayerAgg = Literal["mean", "max", "min", "median", "sum"]
 Layers = Literal["blocks", "all"] | Sequence[int]
 
 
@@ -26,9 +26,11 @@ TABLE_COLUMNS = {t: set(SCHEMAS[t]) for t in TABLES}
 
 
 CONTROL = ("resid", "random")
-"""The no-privilege control: the residual stream in a fixed random basis, which reads
-3d/(d+2) (below 3 at small width d), not 3. ``control=CONTROL`` measures a metric as its
-value minus the control's at the same trial, layer and step."""
+"""The measured no-privilege control: the residual stream in random bases (one basis in older
+stores, the mean over >= 32 Haar bases in newer ones), whose expectation is the exact null
+3(d-1)/(d+1) (``analysis.null``; below 3 at small width d). ``control=CONTROL`` measures a
+metric as its value minus the control's at the same trial, layer and step; the report's
+fits use the exact null instead (``over_null``), defined for every config."""
 
 
 class QueryError(ValueError):

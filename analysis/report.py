@@ -6,7 +6,8 @@ load -> ``report_build.build`` (best lr, queries, power-law fits, charts) ->
 ``report_render`` (tables, chart files, index page) -> written here as ``<chart>.<fmt>``
 for each format (svg / png / pdf through vl-convert, html self-contained, json = the
 Vega-Lite spec), a fits table (``fits.csv``, ``fits.md``, ``fits.tex``), slope comparisons
-(``comparisons.csv``), ``best_lr.csv``, ``onset.csv`` and ``index.html``: one self-contained
+(``comparisons.csv``), ``best_lr.csv``, the fitted best lr against size (``lr_fit.csv``,
+where lr ladders ran at 2+ sizes), ``onset.csv`` and ``index.html``: one self-contained
 page with every chart inlined as SVG, the tables, the invariance checks and the failed trials.
 
 Failed and diverged trials are excluded and counted. A sweep with one model size gets its
@@ -26,7 +27,7 @@ import polars as pl
 from analysis import report_render as render
 from analysis import storage
 from analysis.load import Results, load
-from analysis.report_build import build
+from analysis.report_build import COUNT_FIT_NOTE, build
 from analysis.report_fits import DEFAULT_FITS, FitSpec
 from analysis.vega_workers import VegaWorkers
 
@@ -49,6 +50,7 @@ class ReportResult:
     skipped: pl.DataFrame = field(default_factory=pl.DataFrame)
     comparisons: pl.DataFrame = field(default_factory=pl.DataFrame)
     best_lr: pl.DataFrame = field(default_factory=pl.DataFrame)
+    lr_fit: pl.DataFrame = field(default_factory=pl.DataFrame)
     notes: list[str] = field(default_factory=list)
     n_runs: int = 0
     n_done: int = 0
@@ -99,7 +101,7 @@ def write_report(
         rendered = render.render_charts(c.charts, formats, png_scale, workers)
     rep = ReportResult(
         out=out_dir, index=writer.uri("index.html"), captions=c.captions, fits=c.fits, skipped=c.skipped,
-        comparisons=c.comparisons, best_lr=c.best_lr, notes=c.notes, n_runs=c.n_runs, n_done=c.n_done,
+        comparisons=c.comparisons, best_lr=c.best_lr, lr_fit=c.lr_fit, notes=c.notes, n_runs=c.n_runs, n_done=c.n_done,
         n_failed=c.n_failed, n_diverged=c.n_diverged,
     )  # fmt: skip
 
@@ -110,10 +112,16 @@ def write_report(
         rep.files += rep.charts[name]
     if c.best_lr.height:
         rep.files.append(writer.write("best_lr.csv", c.best_lr_csv.write_csv().encode()))
+    if c.lr_fit.height:
+        rep.files.append(writer.write("lr_fit.csv", c.lr_fit.write_csv().encode()))
     if len(c.sizes) >= 2 and c.n_done:
         say("writing fits.csv, fits.md, fits.tex")
         rep.files.append(writer.write("fits.csv", c.fits.write_csv().encode()))
-        rep.files.append(writer.write("fits.md", render.fits_markdown(c.fits, c.comparisons, confidence).encode()))
+        md = render.fits_markdown(c.fits, c.comparisons, confidence)
+        if COUNT_FIT_NOTE in c.notes:
+            md += "\n" + COUNT_FIT_NOTE + "\n"
+        md += lr_fit_markdown(c.lr_fit, confidence)
+        rep.files.append(writer.write("fits.md", md.encode()))
         rep.files.append(writer.write("fits.tex", render.fits_latex(c.fits, confidence).encode()))
         if c.comparisons.height:
             rep.files.append(writer.write("comparisons.csv", c.comparisons.write_csv().encode()))
@@ -123,6 +131,26 @@ def write_report(
     rep.files.append(writer.write("index.html", page.encode()))
     say(f"report written to {rep.index}")
     return rep
+
+
+def lr_fit_markdown(lr_fit: pl.DataFrame, confidence: float) -> str:
+    """The lr*(N) fits as a fits.md section ("" when there are none)."""
+    if lr_fit.height == 0:
+        return ""
+    lines = [
+        "", "# Best lr against size", "",
+        f"lr*(N) = lr0 · (N / N0)^b, least squares of log lr* over the best-lr points; {confidence:.0%} "
+        "t-interval of b over sizes. A spec takes lr: lr0 and lr_scaling: {reference_params: N0, exponent: b} "
+        "(lr_fit.csv).", "",
+        "| Config | N0 | lr0 | b [CI] | sizes | Note |", "| --- | --- | --- | --- | --- | --- |",
+    ]  # fmt: skip
+    for r in lr_fit.iter_rows(named=True):
+        ci = "" if r["exponent_lo"] is None else f" [{r['exponent_lo']:.3f}, {r['exponent_hi']:.3f}]"
+        lines.append(
+            f"| {r['config'] or r['optimizer']} | {r['reference_params']:,.0f} | {r['lr_at_reference']:.3g} | "
+            f"{r['exponent']:.3f}{ci} | {r['n_sizes']} | {(r['note'] or '').replace('|', '/')} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 class _Writer:

@@ -11,10 +11,13 @@ from typing import Any
 
 import polars as pl
 
-from analysis import charts, fits, queries, selection
+from analysis import charts, counts, fits, queries, selection
 from analysis import report_dims
 from analysis.labels import SITE_NAMES
 from analysis.load import Results
+from analysis.lr_fit import fit_lr_scaling, lr_fit_curves
+from analysis.null import NULL_LABEL
+from analysis.query_base import group_keys, summarise
 from analysis.report_fits import DEFAULT_FITS, FitSpec, compare_lines
 
 __all__ = ["ReportContent", "build"]
@@ -41,6 +44,7 @@ class ReportContent:
     skipped: pl.DataFrame = field(default_factory=pl.DataFrame)
     comparisons: pl.DataFrame = field(default_factory=pl.DataFrame)
     best_lr: pl.DataFrame = field(default_factory=pl.DataFrame)
+    lr_fit: pl.DataFrame = field(default_factory=pl.DataFrame)
     onsets: pl.DataFrame | None = None
     check_summary: pl.DataFrame = field(default_factory=pl.DataFrame)
     notes: list[str] = field(default_factory=list)
@@ -144,7 +148,8 @@ def build(
             built["kurtosis_by_layer"] = (
                 charts.kurtosis_by_layer(prof, facet=facet),
                 "Residual-stream kurtosis by layer at the end of training (largest model), "
-                f"mean over seeds with {confidence:.0%} t-intervals; {shown}. Dashed: Gaussian (3).",
+                f"mean over seeds with {confidence:.0%} t-intervals; {shown}. Dashed: the exact null "
+                "3(d−1)/(d+1) at the model's width (what any activations read in a Haar-random basis).",
             )
             say("kurtosis over training")
             over = queries.metric_over_training(main_history, "kurtosis", confidence=confidence).collect()
@@ -181,7 +186,17 @@ def build(
                                             title="Residual stream, by optimiser family"),
                     "Residual-stream kurtosis (mean over blocks) against model size, one line per "
                     f"optimiser, one panel per optimiser family; {shown}; seed means with "
-                    f"{confidence:.0%} t-intervals.",
+                    f"{confidence:.0%} t-intervals. Dashed: the exact null 3(d−1)/(d+1) of each size.",
+                )  # fmt: skip
+            elif len(sizes) >= 2:  # one family: the raw kurtosis against size, beside its null
+                say("kurtosis against size")
+                raw = queries.scale_table(main, "kurtosis", confidence=confidence).collect()
+                built["kurtosis_vs_params"] = (
+                    charts.metric_vs_params(raw, None, x=x, facet=facet, connect=True, title="Residual stream"),
+                    "Residual-stream kurtosis (mean over blocks) against model size, one line per config; "
+                    f"{shown}; seed means with {confidence:.0%} t-intervals. Dashed: the exact null "
+                    "3(d−1)/(d+1) of each size (it rises with d: raw kurtosis drifts up with width even "
+                    "without a privileged basis, which is why the fits use kurtosis / null).",
                 )  # fmt: skip
         else:
             c.notes.append("No residual-stream kurtosis recorded: layer and training charts skipped.")
@@ -190,10 +205,23 @@ def build(
             bc = queries.basis_comparison(main, "kurtosis", confidence=confidence).collect()
             built["basis_comparison"] = (
                 charts.basis_comparison(bc),
-                "Kurtosis by layer in the residual stream's stored basis, a random basis "
-                "(control, 3d/(d+2)), and the attention / MLP inputs in their computation basis "
-                f"(largest model); {shown}.",
+                "Kurtosis by layer in the residual stream's stored basis, random bases (the "
+                "measured control: one basis in older stores, the mean over Haar bases in newer), "
+                "and the attention / MLP inputs in their computation basis (largest model); "
+                f"{shown}. Dashed: the exact null 3(d−1)/(d+1).",
             )
+        comp_sites = tuple(s for s in selection.COMPUTATION_SITES if (*s, "kurtosis") in have)
+        if comp_sites and _varies(done.filter(pl.col("rotation").is_in(["partial", "shared"])), "rotation_label"):
+            gt = selection.group_size_table(main, sites=comp_sites, confidence=confidence).collect()
+            if gt.get_column("group_size_x").n_unique() >= 2:
+                say("kurtosis against group size")
+                built["kurtosis_vs_group_size"] = (
+                    charts.kurtosis_vs_group_size(gt),
+                    "Kurtosis of the attention / MLP inputs in their computation basis over the exact null "
+                    "3(d−1)/(d+1) (mean over blocks) against the number of consecutive blocks that share one "
+                    "basis (partial(k); shared = every block), ends rotated or not (embeddings: false); "
+                    f"largest model; {shown}; seed means with {confidence:.0%} t-intervals.",
+                )
         quant = sorted(b for s_, b, m in have if m == "quant_loss_delta" and s_ == "model")
         if not quant:
             c.notes.append("No quantisation penalty recorded (metric quant_loss_delta): chart skipped.")
@@ -207,9 +235,34 @@ def build(
                 f"(marker size = model size); {shown}; {confidence:.0%} t-intervals over seeds.",
             )
 
+        # ---- the best lr against size (where ladders were run at 2+ sizes)
+        if tuned:
+            # against non-embedding parameters whatever the charts' x: the N of a spec's lr_scaling
+            lr_x = "params_non_embedding" if "params_non_embedding" in c.best_lr.columns else x
+            c.lr_fit = fit_lr_scaling(c.best_lr, lr_x, confidence=confidence)
+            if c.lr_fit.height:
+                say("fitting the best lr against size")
+                built["lr_vs_params"] = (
+                    _lr_chart(c.best_lr, c.lr_fit, lr_x),
+                    "Best lr per size (hollow: at the edge of its ladder, a bound) with the fitted "
+                    "lr*(N) = lr0 (N/N0)^b per config (lr_fit.csv, with the exponent's "
+                    f"{confidence:.0%} t-interval over sizes): " + _lr_fit_words(c.lr_fit) + ".",
+                )
+
         # ---- scaling fits
         skipped: list[dict[str, Any]] = []
         for spec in fit_specs:
+            if spec.count:
+                if (spec.site, spec.basis, spec.metric) not in have:
+                    c.notes.append(f"no {spec.metric} at {spec.site}/{spec.basis}: {spec.label} skipped.")
+                    continue
+                say(f"fitting {spec.label}")
+                ft, skip, drawn = _count_fit(main, spec, x, line, facet, confidence, shown, len(sizes) >= 2)
+                fit_tables.append(ft)
+                skipped += skip
+                for name, chart_and_caption in drawn.items():
+                    built[name] = chart_and_caption
+                continue
             if spec.site is None:
                 if spec.metric not in done.columns:
                     c.notes.append(f"runs have no column {spec.metric}: {spec.label} skipped.")
@@ -225,7 +278,8 @@ def build(
                     c.notes.append(f"no {spec.metric} control at {'/'.join(control)}: {spec.label} skipped.")
                     continue
                 per = queries.per_trial(
-                    main, spec.metric, spec.site, spec.basis or "", spec.layer_agg, control=control
+                    main, spec.metric, spec.site, spec.basis or "", spec.layer_agg, control=control,
+                    over_null=spec.over_null,
                 ).collect()
                 table = None
             # a fixed row order: the bootstrap resamples by position (group_by order is not fixed)
@@ -257,13 +311,18 @@ def build(
             else:
                 table = queries.scale_table(
                     main, spec.metric, spec.site, spec.basis or "", spec.layer_agg,
-                    confidence=confidence,
+                    confidence=confidence, control=queries.CONTROL if spec.control else None,
+                    over_null=spec.over_null,
                 ).collect()  # fmt: skip
+                ratio = {"reference": 1.0, "reference_text": NULL_LABEL,
+                         "y_title": charts.METRIC_TITLES["kurtosis_over_null"]} if spec.over_null else {}  # fmt: skip
                 chart = charts.metric_vs_params(
                     table, curves, metric=spec.metric, x=x, facet=facet,
-                    title=_site_title(spec.site, spec.basis),
+                    title=_site_title(spec.site, spec.basis), **ratio,
                 )  # fmt: skip
                 caption = f"{spec.label[:1].upper()}{spec.label[1:]} against model size (log x)"
+                if spec.over_null:
+                    caption += " (1 = no privileged basis; the fitted exponent is the slope of log(kurtosis / null))"
             fitted_note = (
                 f"; lines: power-law fits of y − {spec.offset:g} with {confidence:.0%} bootstrap bands"
                 if fitted and spec.offset
@@ -292,6 +351,19 @@ def build(
         else pl.DataFrame(schema={"fit": pl.String})
     )
     c.comparisons = pl.from_dicts(comparison_rows) if comparison_rows else pl.DataFrame()
+    if c.fits.height and c.fits.get_column("fit").str.starts_with("outlier fraction").any():
+        c.notes.append(COUNT_FIT_NOTE)
+    if c.fits.height and {"optimizer", "config", "exponent_low"} <= set(c.fits.columns):
+        built["slopes"] = (
+            charts.slopes(c.fits),
+            f"Each config's fitted exponent with its {confidence:.0%} interval (the fits table), one panel "
+            "per fit: kurtosis / null (0 = no growth over the null), outlier fraction, loss.",
+        )
+    if c.lr_fit.height:
+        c.notes.append(
+            f"lr*(N) fitted for {c.lr_fit.height} config(s) from their best-lr points (lr_fit.csv: "
+            "a spec's optimizer entry takes lr = lr_at_reference with lr_scaling: {reference_params, exponent})."
+        )
 
     # ---- checks and failures
     checks = results.checks.collect()
@@ -304,6 +376,97 @@ def build(
     c.charts = {name: chart for name, (chart, _) in built.items()}
     c.captions = {name: caption for name, (_, caption) in built.items()}
     return c
+
+
+COUNT_FIT_NOTE = (
+    "Outlier-fraction fits are quasi-Poisson GLMs of the outlier counts (offset log(d_model × blocks), "
+    "log size as regressor, Pearson dispersion floored at 1, t interval with n − 2 dof), not log-log least "
+    "squares: zero counts are data. " + counts.STRUCTURAL_NOTE + "."
+)
+
+
+def _lr_fit_words(lr_fit: pl.DataFrame) -> str:
+    """Each fitted lr*(N) in words, for the chart's caption."""
+    parts = []
+    for r in lr_fit.iter_rows(named=True):
+        ci = "" if r["exponent_lo"] is None else f" [{r['exponent_lo']:.2f}, {r['exponent_hi']:.2f}]"
+        note = f" ({r['note']})" if r["note"] else ""
+        parts.append(f"{r['config'] or r['optimizer']}: b = {r['exponent']:.2f}{ci}, "
+                     f"lr0 = {r['lr_at_reference']:.3g} at N0 = {r['reference_params']:,.0f}{note}")  # fmt: skip
+    return "; ".join(parts)
+
+
+def _count_fit(
+    main: Results, spec: FitSpec, x: str, line: str, facet: str | None, confidence: float, shown: str, fit: bool
+) -> tuple[pl.DataFrame, list[dict[str, Any]], dict[str, tuple[Any, str]]]:
+    """The outlier-fraction fit of one count spec (``analysis.counts``): its fits-table rows,
+    the configs it could not fit, and its charts (by size with the fit, by layer per size)."""
+    per = queries.per_trial(main, spec.metric, spec.site or "", spec.basis or "", "sum").collect()
+    per = per.filter(pl.col("value").is_finite()).with_columns(
+        exposure=(pl.col("d_model") * pl.col("n_layers")).cast(pl.Float64)
+    ).with_columns(fraction=pl.col("value") / pl.col("exposure")).sort(line, x, "seed", "trial_id")
+    table_rows = pl.DataFrame(schema={"fit": pl.String})
+    skipped: list[dict[str, Any]] = []
+    curves = None
+    if fit:
+        fitted = counts.fit_counts_each(per, x, "value", "exposure", [line], confidence=confidence)
+        ft = counts.count_fits_table(fitted, [line]).join(selection.line_labels(per, line), on=line, how="left")
+        ft = ft.select(pl.lit(spec.label).alias("fit"), pl.all())
+        ft = ft.sort([c for c in ("optimizer", "norm", "rotation_label", "config") if c in ft.columns])
+        table_rows = ft.filter(pl.col("exponent").is_not_null())
+        skipped = ft.filter(pl.col("exponent").is_null()).select("fit", "config", "note").to_dicts()
+        curves = counts.count_fit_curves(fitted, [line], x=x).join(
+            per.group_by(line).agg(pl.col(c).first() for c in queries.carried(per.columns, [line, x, "lr"])),
+            on=line, how="left",
+        )  # fmt: skip
+    keys, carry = group_keys(per.lazy(), None)
+    table = summarise(per.lazy(), keys, "fraction", confidence=confidence, carry=carry).collect()
+    where = _site_title(spec.site, spec.basis)
+    drawn = {
+        f"{spec.name}_vs_params": (
+            charts.metric_vs_params(table, curves, metric="outlier_fraction", x=x, facet=facet, title=where),
+            f"Outlier fraction ({spec.metric}: coordinates beyond 6× the token's RMS on any eval token, "
+            f"summed over blocks, / (d_model × blocks)), {where}, against model size; {shown}: seed means with "
+            f"{confidence:.0%} t-intervals"
+            + (f"; lines: quasi-Poisson GLM fits with {confidence:.0%} bands" if curves is not None and curves.height else "")
+            + f". {counts.STRUCTURAL_NOTE}.",
+        )
+    }
+    prof = queries.layer_profile(main, spec.metric, spec.site or "", spec.basis or "", confidence=confidence).collect()
+    if prof.height:
+        scaled = [c for c in ("mean", "std", "sem", "ci_low", "ci_high") if c in prof.columns]
+        prof = prof.with_columns(pl.col(c) / pl.col("d_model") for c in scaled)
+        drawn[f"{spec.name}_by_layer"] = (
+            charts.kurtosis_by_layer(prof, metric="outlier_fraction", size=None, facet=facet,
+                                     title=f"Outlier fraction by layer, {where}"),
+            f"Outlier fraction ({spec.metric} / d_model) by layer, {where}, one row per model size; {shown}; "
+            f"seed means with {confidence:.0%} t-intervals. {counts.STRUCTURAL_NOTE}.",
+        )  # fmt: skip
+    return table_rows, skipped, drawn
+
+
+def _lr_chart(best: pl.DataFrame, lr_fit: pl.DataFrame, x: str) -> Any:
+    """Best lr against size, log-log, with each config's fitted lr*(N)."""
+    import altair as alt
+
+    pts = best.join(lr_fit.select("tuned_line_id", "config"), on="tuned_line_id", how="inner").with_columns(
+        at_edge=pl.col("edge").is_not_null()
+    ).select(x, "lr", "optimizer", "config", "at_edge", "flag")
+    cur = lr_fit_curves(lr_fit, best, x).join(lr_fit.select("tuned_line_id", "config"), on="tuned_line_id")
+    color = alt.Color("optimizer:N", scale=charts.optimizer_scale(pts.get_column("optimizer").to_list()),
+                      title="Optimizer", legend=charts.COLOR_LEGEND)  # fmt: skip
+    x_enc = alt.X(f"{x}:Q", title=charts.AXIS_TITLES.get(x, x), scale=alt.Scale(type="log", nice=False, padding=10))
+    y_scale = alt.Scale(type="log", nice=False, padding=10)
+    y_enc = alt.Y("lr:Q", title="Best learning rate", scale=y_scale)
+    line = alt.Chart(cur).mark_line(strokeWidth=1.4).encode(
+        x=x_enc, y=alt.Y("fit:Q", scale=y_scale), color=color, detail="config:N"
+    )
+    points = alt.Chart(pts).mark_point(size=40, strokeWidth=1.5).encode(
+        x=x_enc, y=y_enc, color=color, fill=alt.condition("datum.at_edge", alt.value("white"), color),
+        tooltip=[x, "lr", "config", "flag"],
+    )  # fmt: skip
+    chart = alt.layer(line, points).properties(width=charts.WIDTH, height=charts.HEIGHT, title="Best lr against size")
+    return charts.apply_theme(chart)
 
 
 class _Built(dict):

@@ -10,6 +10,7 @@ import polars as pl
 
 from analysis import charts, fits, queries, selection
 from analysis.labels import SITE_NAMES
+from analysis.null import NULL_LABEL
 
 __all__ = ["DEFAULT_FITS", "FitSpec", "compare_lines"]
 
@@ -18,7 +19,11 @@ __all__ = ["DEFAULT_FITS", "FitSpec", "compare_lines"]
 class FitSpec:
     """One power law to fit against model size, per config: a metric (aggregated over
     blocks with ``layer_agg``, then per trial) or, with ``site=None``, a runs column.
-    ``offset`` is subtracted before fitting (3 = excess kurtosis over the Gaussian)."""
+    ``offset`` is subtracted before fitting. ``over_null``: fit metric / the exact null
+    3(d-1)/(d+1) (``analysis.null``; 1 without a privileged basis, so every config has a
+    slope). ``count``: the metric is a count of coordinates (``outlier_dims_rel``) fitted as
+    the fraction of d_model x blocks by a quasi-Poisson GLM (``analysis.counts``), zeros
+    included."""
 
     metric: str
     site: str | None = "resid"
@@ -27,8 +32,11 @@ class FitSpec:
     offset: float = 0.0
     chart: bool = True
     control: bool = False
-    """Fit the excess over the no-privilege control (``queries.CONTROL``: the residual stream
-    in a random basis, same trial, layer and step) instead of the raw value."""
+    """Fit the excess over the measured control (``queries.CONTROL``: the residual stream
+    in random bases, same trial, layer and step) instead of the raw value; undefined where a
+    config has no excess (not a default)."""
+    over_null: bool = False
+    count: bool = False
 
     @property
     def name(self) -> str:
@@ -42,6 +50,10 @@ class FitSpec:
             parts.append(self.layer_agg)
         if self.control:
             parts.append("excess")
+        if self.over_null:
+            parts.append("over_null")
+        if self.count:
+            parts.append("fraction")
         return "_".join(parts)
 
     @property
@@ -49,25 +61,28 @@ class FitSpec:
         """A readable description for tables, e.g. ``kurtosis − 3, residual stream (mean over blocks)``."""
         what = self.metric if self.offset == 0 else f"{self.metric} − {self.offset:g}"
         what = f"{self.metric} − control" if self.control else what
+        what = f"{self.metric} / {NULL_LABEL}" if self.over_null else what
+        if self.count:
+            what = f"outlier fraction ({self.metric} / d_model)"
         if self.site is None:
             return what
         where = SITE_NAMES.get((self.site, self.basis or ""), f"{self.site}/{self.basis}")
-        return f"{what}, {where} ({self.layer_agg} over blocks)"
+        agg = "over blocks, quasi-Poisson GLM" if self.count else f"{self.layer_agg} over blocks"
+        return f"{what}, {where} ({agg})"
 
 
 DEFAULT_FITS: tuple[FitSpec, ...] = (
-    FitSpec("kurtosis", "resid", "stored", control=True, chart=False),
-    FitSpec("kurtosis", "mlp_in", "computation", control=True, chart=False),
-    FitSpec("kurtosis", "resid", "stored", offset=0.0),
-    FitSpec("kurtosis", "mlp_in", "computation", offset=0.0),
+    FitSpec("kurtosis", "resid", "stored", over_null=True),
+    FitSpec("kurtosis", "mlp_in", "computation", over_null=True),
+    FitSpec("outlier_dims_rel", "attn_in", "computation", count=True),
+    FitSpec("outlier_dims_rel", "mlp_in", "computation", count=True),
     FitSpec("final_val_loss", site=None),
 )
-"""Excess kurtosis over the control (stored basis minus the random basis at the same layer
-and step: 0 without a privileged basis at every width, where the random basis reads
-3d/(d+2), not 3) of the residual stream and of the MLP input in its computation basis, in the
-tables (undefined, and listed as skipped, where a config has no excess); raw kurtosis, fitted
-and charted: every config has one, ~0 exponent without outliers, so slopes can be compared
-with SGD's; and the final validation loss."""
+"""Kurtosis over the exact null 3(d-1)/(d+1) (a power law of kurtosis / null: slope 0
+without a privileged basis at every width, defined for every config, SGD's included, and
+free of the null's own finite-width drift) of the residual stream and of the MLP input in
+its computation basis; the outlier fraction (``outlier_dims_rel`` / d, a count model that
+handles zeros) at the attention and MLP inputs; and the final validation loss."""
 
 
 def compare_lines(
@@ -84,7 +99,7 @@ def compare_lines(
     rotation): exponent(b) - exponent(a), a the reference optimiser (sgd, else the first in
     ``charts.OPTIMIZER_COLORS`` order). Welch t over per-seed exponents where both have
     2+ seeds, else independent bootstraps."""
-    if "optimizer" not in per.columns:
+    if "optimizer" not in per.columns or spec.count:
         return []
     strata = [c for c in ("norm", "rotation_label") if c in per.columns]
     labels = selection.line_labels(per, line)

@@ -13,7 +13,7 @@ from analysis.query_base import (
 )  # fmt: skip
 from analysis.queries import scale_table
 
-__all__ = ["best_lr", "best_lr_results", "line_labels", "onset", "quant_penalty", "versus"]
+__all__ = ["best_lr", "best_lr_results", "group_size_table", "line_labels", "onset", "quant_penalty", "versus"]
 
 
 def best_lr(
@@ -138,6 +138,40 @@ def quant_penalty(
         results, metric, site, metric_basis, layer_agg, confidence=confidence, runs=runs
     )
     return versus(measure, penalty).with_columns(quant=pl.lit(basis))
+
+
+COMPUTATION_SITES = (("attn_in", "computation"), ("mlp_in", "computation"))
+
+
+def group_size_table(
+    results: Source,
+    metric: str = "kurtosis",
+    *,
+    sites: tuple[tuple[str, str], ...] = COMPUTATION_SITES,
+    over_null: bool = True,
+    confidence: float = 0.95,
+    runs: pl.LazyFrame | None = None,
+) -> pl.LazyFrame:
+    """The metric at the layer inputs in their computation basis (mean over blocks, over the
+    exact null by default) against the number of consecutive blocks that share a basis: one
+    row per config and site with the seed summary, ``group_size_x`` (``partial``: its group
+    size; ``shared``: n_layers), ``ends`` ("ends rotated" / "ends unrotated": the plan's
+    ``embeddings``, read from the ``-noemb`` label) and ``site_name``. Rotations without a
+    group size (``none``, ``independent``, ``groups``) are left out."""
+    from analysis.labels import SITE_NAMES
+
+    frames = []
+    for site, basis in sites:
+        t = scale_table(results, metric, site, basis, confidence=confidence, runs=runs, over_null=over_null)
+        frames.append(t.with_columns(site=pl.lit(site), site_name=pl.lit(SITE_NAMES.get((site, basis), site))))
+    out = pl.concat(frames, how="diagonal_relaxed")
+    label = pl.col("rotation_label").cast(pl.String)
+    out = out.filter(pl.col("rotation").is_in(["partial", "shared"])).with_columns(
+        group_size_x=pl.when(pl.col("rotation") == "shared").then(pl.col("n_layers")).otherwise(pl.col("group_size")),
+        ends=pl.when(label.str.ends_with("-noemb")).then(pl.lit("ends unrotated")).otherwise(pl.lit("ends rotated")),
+    )
+    order = [c for c in SORT if c in out.collect_schema().names()]
+    return out.sort([*order, "site", "group_size_x"], nulls_last=True)
 
 
 def onset(

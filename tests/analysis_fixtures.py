@@ -14,6 +14,7 @@ import polars as pl
 import pytest
 
 from analysis.load import METRICS_SCHEMA, RUNS_SCHEMA
+from analysis.null import kurtosis_null
 from synthetic_store import SyntheticStore, write_store
 
 EXPONENT = 0.5
@@ -52,7 +53,7 @@ def single_size_store(tmp_path_factory: pytest.TempPathFactory) -> SyntheticStor
 
 def _trial_rows(configs: list, values: dict[str, float]) -> tuple[list[dict], list[tuple]]:
     """Runs rows from real TrialConfigs (flat() + config_json) and final-step kurtosis rows
-    (layers 1..2: value[label] * (d/32)^0.2 + 0.1 seed in the stored basis, 3d/(d+2) in the
+    (layers 1..2: value[label] * (d/32)^0.2 + 0.1 seed in the stored basis, the exact null 3(d-1)/(d+1) in the
     random-basis control) for a store written by hand."""
     runs, metrics = [], []
     for label, cfg in configs:
@@ -65,7 +66,7 @@ def _trial_rows(configs: list, values: dict[str, float]) -> tuple[list[dict], li
         for layer in (1, 2):
             v = values[label] * (d / 32) ** 0.2 + 0.1 * cfg.seed
             metrics.append((cfg.trial_id, 10, 1000, layer, "resid", "stored", "kurtosis", v))
-            metrics.append((cfg.trial_id, 10, 1000, layer, "resid", "random", "kurtosis", 3 * d / (d + 2)))
+            metrics.append((cfg.trial_id, 10, 1000, layer, "resid", "random", "kurtosis", kurtosis_null(d)))
     return runs, metrics
 
 

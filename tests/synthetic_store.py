@@ -9,19 +9,22 @@ For the tests and the report benchmark (``benchmarks/bench_report.py``); not par
 
 The residual-stream kurtosis of optimiser ``o`` at its final step, in block l of L, is
 
-    3d/(d+2) + amplitude * (P / P_min) ** exponents[o] * w_l * exp(noise * z_trial + layer_noise * z)
+    3(d-1)/(d+1) + amplitude * (P / P_min) ** exponents[o] * w_l * exp(noise * z_trial + layer_noise * z)
 
 with P = params_non_embedding, w_l = l / L (w_0 = 0.05 for the embeddings), z standard normal;
-3d/(d+2) is what a vector without a privileged basis reads at width d (below 3 at small d),
-and the random-basis control reads it too. An exponent of ``None`` means no excess (like SGD
-in the paper). Averaged over blocks 1..L the excess over the control is
+3(d-1)/(d+1) is the exact null (``analysis.null``): what centred per-token kurtosis reads at
+width d without a privileged basis (below 3 at small d), and the random-basis control reads it
+too. An exponent of ``None`` means no excess (like SGD
+in the paper). Averaged over blocks 1..L the excess over the null (and the control) is
 ``amplitude * mean(w) * (P/P_min)**exponent`` times log-normal noise, so a power-law fit of
 stored minus control kurtosis recovers ``exponent``. The excess grows linearly over training
 (zero at step 0). Rotated models move the excess out of the stored basis into the
-computation basis (the paper's finding). Other metrics are simple functions of the excess.
+computation basis (the paper's finding). Other metrics are simple functions of the excess
+(``outlier_dims_rel`` = round(2 excess), 0 at d_model <= 36 as in a real model).
 
 ``lrs`` gives an optimiser an lr ladder: one trial per lr, the final val loss rising as
-``lr_penalty * log(lr / best)**2`` away from the optimiser's best lr (``best_lrs``).
+``lr_penalty * log(lr / best)**2`` away from the optimiser's best lr (``best_lrs``, at the
+smallest size; it moves as (P / P_min) ** lr_exponents[o] with size).
 The quantisation penalty (metric ``quant_loss_delta``, site ``model``, layer -1, bases
 ``w8a8`` / ``w4a4``, final step) is ``0.01 * (1 + excess)`` (x 8 for w4a4), log-normal noise.
 Everything is vectorised so ~10M metric rows take seconds.
@@ -41,6 +44,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from analysis.identity import science_hash
+from analysis.null import null_expr
 from analysis.load import CHECKS_SCHEMA, CURVES_SCHEMA, METRICS_SCHEMA, RUNS_SCHEMA
 from analysis.schema import ARROW
 from sweep.store import ResultsStore
@@ -110,7 +114,9 @@ def write_store(
     metrics: Sequence[str] = SITE_METRICS,
     lrs: Mapping[str, Sequence[float]] | None = None,
     best_lrs: Mapping[str, float] | None = None,
+    lr_exponents: Mapping[str, float] | None = None,
     lr_penalty: float = 0.05,
+    sharing: bool = False,
     quant: bool = True,
     failed: int = 0,
     diverged: int = 0,
@@ -126,7 +132,10 @@ def write_store(
     the 10M-row benchmark).
 
     One trial per size x optimizer (x lr, see ``lrs``) x norm x rotation x seed.
-    ``rotations`` entries are names, ``("partial", k)`` or ``("groups", [[0, 1], [2, 3]])``. ``n_layers`` is one depth or one per size. The first
+    ``rotations`` entries are names, ``("partial", k)``, ``("partial", k, False)`` (embeddings
+    not rotated: label ``partial(k)-noemb``) or ``("groups", [[0, 1], [2, 3]])``. ``sharing``:
+    the computation-basis excess of ``partial(k)`` grows with k (x k / L; x 1.5 with the ends
+    unrotated), as the paper's question 5 would have it. ``n_layers`` is one depth or one per size. The first
     ``failed`` trials are marked failed (null results, an error, a few metric rows that
     must be ignored), the next ``diverged`` diverged."""
     rng = np.random.default_rng(seed)
@@ -151,20 +160,20 @@ def write_store(
         for r in rotations
         for s in seeds
     ):
-        rot_name, gs = (rot, None) if isinstance(rot, str) else rot
+        rot_name, gs, emb = (rot, None, True) if isinstance(rot, str) else (*rot, True)[:3]
         groups = gs if rot_name == "groups" else None
         gs = None if rot_name == "groups" else gs
         label = (
             f"partial({gs})" if gs is not None
             else "groups" + json.dumps(groups, separators=(",", ":")) if groups is not None
             else rot_name
-        )  # fmt: skip
+        ) + ("" if emb else "-noemb")  # fmt: skip
         params, non_emb = _params(d, L, vocab, seq_len)
         tokens = 20 * non_emb
         config = {
             "model": {"d_model": d, "n_layers": L, "n_heads": max(1, d // 16), "d_mlp": 4 * d},
             "norm": norm,
-            "rotation": {"mode": rot_name, "group_size": gs, "groups": groups},
+            "rotation": {"mode": rot_name, "group_size": gs, "groups": groups, **({} if emb else {"embeddings": False})},
             "optimizer": {"name": opt, "lr": lr},
             "data": {"corpus": "stdlib", "seq_len": seq_len},
             "train": {"tokens_per_param": 20, "batch_size": batch},
@@ -191,6 +200,7 @@ def write_store(
                 "group_size": gs,
                 "rotation_groups": None if groups is None else json.dumps(groups, separators=(",", ":")),
                 "rotation_label": label,
+                "rotate_embeddings": emb,
                 "config_id": science_hash(config),
                 "seed": s,
                 "corpus": "stdlib",
@@ -210,7 +220,7 @@ def write_store(
                 "error": None,
                 "config_json": json.dumps(config),
                 "_excess_b": exps[opt],
-                "_lr_off": math.log(lr / best[opt]) ** 2,
+                "_lr_off": math.log(lr / (best[opt] * (non_emb / p_min) ** (lr_exponents or {}).get(opt, 0.0))) ** 2,
                 "_z": float(rng.standard_normal()),
             }
         )
@@ -262,7 +272,7 @@ def write_store(
     )
     metric_frame = pl.DataFrame({"metric": [*metrics, "dettmers_outliers"]})
     trials = runs.filter(pl.col("status") != "failed").select(
-        "trial_id", "n_layers", "rotation", "d_model", "tokens", "_amp"
+        "trial_id", "n_layers", "rotation", "d_model", "tokens", "_amp", "group_size", "rotate_embeddings"
     )
     quant_trials = trials
     trials = pl.concat(
@@ -271,6 +281,9 @@ def write_store(
     rotated = pl.col("rotation") != "none"
     stored_factor = pl.when(rotated).then(0.02).otherwise(1.0)
     comp_factor = pl.when(pl.col("rotation") == "independent").then(0.3).otherwise(1.0)
+    if sharing:
+        by_group = pl.col("group_size") / pl.col("n_layers") * pl.when(pl.col("rotate_embeddings")).then(1.0).otherwise(1.5)
+        comp_factor = pl.when(pl.col("rotation") == "partial").then(by_group).otherwise(comp_factor)
     m = (
         trials.join(sites, on="n_layers")
         .join(step_frame, how="cross")
@@ -288,7 +301,7 @@ def write_store(
     excess = pl.col("_amp") * pl.col("w") * pl.col("frac") * basis_factor * (
         layer_noise * pl.col("z")
     ).exp() + 0.01 * layer_noise * pl.col("z")
-    control = 3.0 * pl.col("d_model") / (pl.col("d_model") + 2)  # no privileged basis
+    control = null_expr("d_model")  # no privileged basis: the exact null
     value = (
         pl.when(pl.col("metric") == "kurtosis")
         .then(control + excess)
@@ -296,8 +309,8 @@ def write_store(
         .then(1.0 + 0.5 * excess)
         .when(pl.col("metric") == "outlier_dims_abs")
         .then(pl.when(pl.col("site") == "resid").then(pl.col("d_model")).otherwise(excess.round()))
-        .when(pl.col("metric") == "outlier_dims_rel")
-        .then((2.0 * excess).round().clip(0))
+        .when(pl.col("metric") == "outlier_dims_rel")  # none can pass 6 RMS at d <= 36
+        .then(pl.when(pl.col("d_model") <= 36).then(0.0).otherwise((2.0 * excess).round().clip(0)))
         .when(pl.col("metric") == "max_abs")
         .then(5.0 + 3.0 * excess)
         .when(pl.col("metric") == "max_median_ratio")

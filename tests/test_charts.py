@@ -147,7 +147,8 @@ def test_axis_titles_and_reference_rule(built) -> None:
     layer = json.dumps(built["kurtosis_by_layer"].to_dict())
     assert "Kurtosis (Gaussian = 3)" in layer
     assert "Layer (0 = embeddings)" in layer
-    assert '"datum": 3.0' in layer  # the Gaussian reference
+    assert '"datum": 3.0' not in layer  # the exact null at the model's width, not 3
+    assert "null 3(d−1)/(d+1)" in json.dumps(built["kurtosis_by_layer"].to_dict(), ensure_ascii=False)
     scale = json.dumps(built["metric_vs_params"].to_dict())
     assert "Parameters (non-embedding)" in scale
     assert '"type": "log"' in scale
@@ -287,3 +288,78 @@ def test_a_size_is_a_shape_whatever_the_norm_adds() -> None:
     every, _ = pick_size(df, None)
     assert every.group_by("size").len().height == 2
     assert pick_size(df, 196_736)[0]["d_model"].to_list() == [64, 64]
+
+
+def _null_rows(spec: dict) -> list[tuple[int, float]]:
+    return [(r["d_model"], r["null_ref"]) for r in _rows(spec) if r.get("null_ref") is not None]
+
+
+@pytest.mark.parametrize("name", ["kurtosis_by_layer", "metric_over_training", "basis_comparison", "by_family",
+                                  "kurtosis_vs_loss", "quant_penalty", "onset"])
+def test_kurtosis_charts_draw_the_exact_null_for_the_sizes_shown(built, name: str) -> None:
+    """Every kurtosis chart draws 3(d-1)/(d+1) at the widths it shows (labelled), never a line at 3."""
+    spec = built[name].to_dict()
+    text = json.dumps(spec, ensure_ascii=False)
+    assert "null 3(d−1)/(d+1)" in text and '"datum": 3.0' not in text
+    rows = _null_rows(spec)
+    assert rows and all(v == pytest.approx(3 * (d - 1) / (d + 1), rel=1e-12) for d, v in rows)
+    null_marks = [m for marks in _marks(spec).values() for m in marks if "null_ref" in m.values()]
+    assert null_marks  # a mark encodes the null
+
+
+def test_scaling_chart_draws_one_null_point_per_size(built, store) -> None:  # noqa: F811
+    spec = built["by_family"].to_dict()
+    widths = {d for d, _ in _null_rows(spec)}
+    assert widths == {32, 64, 128}  # every size on the axis has its null
+    layers = spec["spec"]["layer"]
+    line = [la for la in layers if la.get("encoding", {}).get("y", {}).get("field") == "null_ref"
+            and (la.get("mark") or {}).get("type") == "line"]
+    assert len(line) == 1 and line[0]["transform"][-2]["aggregate"][0]["op"] == "mean"
+    assert line[0]["transform"][-2]["groupby"] == ["params_non_embedding"]  # one point per size
+
+
+def test_group_size_chart_shows_each_config_and_site(tmp_path: Path) -> None:
+    from synthetic_store import write_store
+
+    rots = ["none", ("partial", 1), ("partial", 2), ("partial", 4), ("partial", 1, False), ("partial", 4, False)]
+    s = write_store(tmp_path, name="sharing", sizes=(32, 64), n_layers=4, optimizers=("adam",), seeds=(0, 1),
+                    rotations=rots, steps=(0, 10), sharing=True, quant=False)  # fmt: skip
+    table = selection.group_size_table(load(s.path)).collect()
+    spec = charts.kurtosis_vs_group_size(table).to_dict()
+    rows = _rows(spec)
+    largest = table.filter(pl.col("d_model") == 64)
+    want = {(r["group_size_x"], r["site_name"], r["ends"], round(r["mean"], 9)) for r in largest.iter_rows(named=True)}
+    assert {(r["group_size_x"], r["site_name"], r["ends"], round(r["mean"], 9)) for r in rows} == want
+    assert len(want) == 2 * 5  # (k 1, 2, 4 rotated; 1, 4 unrotated) x (attention, MLP input)
+    assert spec["facet"]["column"]["field"] == "ends"
+    assert spec["spec"]["layer"][0]["encoding"]["x"]["axis"]["values"] == [1, 2, 4]
+    assert "null 3(d−1)/(d+1)" in json.dumps(spec, ensure_ascii=False)
+    _save_both(charts.kurtosis_vs_group_size(table), tmp_path / "sharing")
+
+
+def test_slopes_chart_draws_each_fit_with_its_interval(tmp_path: Path) -> None:
+    fits_table = pl.DataFrame({
+        "fit": ["kurtosis / null 3(d−1)/(d+1), MLP input (mean over blocks)"] * 2
+        + ["outlier fraction (outlier_dims_rel / d_model), MLP input (over blocks, quasi-Poisson GLM)"],
+        "config": ["adam · rmsnorm · none", "sgd · rmsnorm · none", "adam · rmsnorm · none"],
+        "optimizer": ["adam", "sgd", "adam"], "exponent": [0.2, 0.001, 0.5],
+        "exponent_low": [0.1, -0.01, 0.2], "exponent_high": [0.3, 0.012, 0.8], "n": [9, 9, 6],
+        "interval": ["between-seed t (3 seeds)"] * 2 + ["quasi-Poisson GLM, t(4)"],
+    })  # fmt: skip
+    spec = charts.slopes(fits_table).to_dict()
+    rows = _rows(spec)
+    assert {(r["fit_short"], r["config"], r["exponent_low"], r["exponent"], r["exponent_high"]) for r in rows} == {
+        ("kurtosis / null 3(d−1)/(d+1), MLP input", "adam · rmsnorm · none", 0.1, 0.2, 0.3),
+        ("kurtosis / null 3(d−1)/(d+1), MLP input", "sgd · rmsnorm · none", -0.01, 0.001, 0.012),
+        ("outlier fraction (outlier_dims_rel / d_model), MLP input", "adam · rmsnorm · none", 0.2, 0.5, 0.8),
+    }
+    marks = _marks(spec)
+    assert {"x": "exponent_low", "x2": "exponent_high", "y": "config", "color": "optimizer"} in marks["rule"]
+    _save_both(charts.slopes(fits_table), tmp_path / "slopes")
+
+
+def _save_both(chart: alt.TopLevelMixin, stem: Path) -> None:
+    """The chart renders: an SVG with marks and a PNG."""
+    chart.save(f"{stem}.svg")
+    chart.save(f"{stem}.png")
+    assert "<path" in Path(f"{stem}.svg").read_text() and Path(f"{stem}.png").read_bytes()[:4] == b"\x89PNG"

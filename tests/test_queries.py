@@ -193,15 +193,15 @@ def test_sql_errors_name_tables_and_columns(hand: Path) -> None:
 
 
 def test_synthetic_store_queries_are_consistent(store) -> None:  # noqa: F811
-    """On the fixture store: sgd reads the no-privilege 3d/(d+2) everywhere, and so does the
+    """On the fixture store: sgd reads the exact null 3(d-1)/(d+1) everywhere, and so does the
     random-basis control; adam's block-mean excess over the control matches the model."""
     r = load(store.path)
     tab = q.scale_table(r, "kurtosis").collect()
     assert tab.height == 6 and set(tab.get_column("n").to_list()) == {3}
     sgd = tab.filter(pl.col("optimizer") == "sgd")
-    control = [3 * d / (d + 2) for d in sgd.get_column("d_model")]
+    control = [3 * (d - 1) / (d + 1) for d in sgd.get_column("d_model")]
     assert sgd.get_column("mean").to_list() == pytest.approx(control, abs=1e-2)
-    assert min(control) < 2.9  # below 3 at small width: why excess is measured against the control
+    assert min(control) < 2.9  # below 3 at small width: why excess is measured against the null
     excess = q.scale_table(r, "kurtosis", control=q.CONTROL).collect()
     adam = excess.filter(pl.col("optimizer") == "adam").sort("params_non_embedding")
     for p, m in zip(adam.get_column("params_non_embedding"), adam.get_column("mean"), strict=True):
@@ -321,3 +321,74 @@ def test_quant_penalty_pairs_the_penalty_with_kurtosis(ladder) -> None:
     adam = w8.filter(pl.col("optimizer") == "adam").get_column("mean").min()
     assert adam > w8.filter(pl.col("optimizer") == "sgd").get_column("mean").max()
     assert w8.get_column("x").min() > 2.5  # x: the seed-mean kurtosis of the same config
+
+
+def test_over_null_reads_one_without_a_privileged_basis(store) -> None:  # noqa: F811
+    """kurtosis / 3(d-1)/(d+1): 1 for sgd at every width (and for the random-basis control),
+    (null + excess) / null for adam."""
+    from analysis.null import kurtosis_null
+
+    r = load(store.path)
+    per = q.per_trial(r, "kurtosis", over_null=True).collect()
+    sgd = per.filter(pl.col("optimizer") == "sgd")
+    assert sgd.get_column("value").to_list() == pytest.approx([1.0] * sgd.height, abs=1e-3)
+    control = q.per_trial(r, "kurtosis", "resid", "random", over_null=True).collect()
+    assert control.get_column("value").to_list() == pytest.approx([1.0] * control.height, abs=1e-3)
+    raw = q.per_trial(r, "kurtosis").collect().select("trial_id", raw="value", d="d_model")
+    joined = per.join(raw, on="trial_id")
+    want = [v / kurtosis_null(d) for v, d in zip(joined["raw"], joined["d"], strict=True)]
+    assert joined.get_column("value").to_list() == pytest.approx(want, rel=1e-12)
+    table = q.scale_table(r, "kurtosis", over_null=True).collect()
+    assert table.filter(pl.col("optimizer") == "sgd").get_column("mean").to_list() == pytest.approx([1.0] * 3, abs=1e-3)
+    with pytest.raises(q.QueryError, match="over_null needs the runs column d_model"):
+        q.per_trial(r.metrics, "kurtosis", over_null=True).collect()
+
+
+def test_group_size_table_reads_group_sizes_and_ends(tmp_path) -> None:
+    """partial(k) -> k, shared -> n_layers, -noemb -> ends unrotated; none and independent
+    left out; values are the computation-basis kurtosis over the exact null per site."""
+    from synthetic_store import write_store
+
+    from analysis import selection
+    from analysis.null import kurtosis_null
+
+    rots = ["none", "independent", "shared", ("partial", 1), ("partial", 2), ("partial", 2, False)]
+    s = write_store(tmp_path, name="sharing", sizes=(64,), n_layers=4, optimizers=("adam",), seeds=(0, 1),
+                    rotations=rots, steps=(0, 10), sharing=True, quant=False)  # fmt: skip
+    r = load(s.path)
+    t = selection.group_size_table(r).collect()
+    got = {(row["rotation_label"], row["site"]): (row["group_size_x"], row["ends"]) for row in t.iter_rows(named=True)}
+    assert set(got) == {(lab, site) for lab in ("shared", "partial(1)", "partial(2)", "partial(2)-noemb")
+                        for site in ("attn_in", "mlp_in")}  # fmt: skip
+    assert got[("shared", "mlp_in")] == (4, "ends rotated")
+    assert got[("partial(2)", "attn_in")] == (2, "ends rotated")
+    assert got[("partial(2)-noemb", "mlp_in")] == (2, "ends unrotated")
+    raw = q.scale_table(r, "kurtosis", "mlp_in", "computation").collect()
+    for row in t.filter(pl.col("site") == "mlp_in").iter_rows(named=True):
+        want = raw.filter(pl.col("config_id") == row["config_id"]).get_column("mean")[0] / kurtosis_null(64)
+        assert row["mean"] == pytest.approx(want, rel=1e-12) and row["n"] == 2
+    by_k = t.filter((pl.col("site") == "mlp_in") & (pl.col("ends") == "ends rotated")).sort("group_size_x")
+    assert by_k.get_column("mean").is_sorted()  # the planted build-up with group size
+
+
+def test_stores_with_the_averaged_control_read_the_same(store) -> None:  # noqa: F811
+    """Stores written after the probe averages the control over Haar bases carry a row metric
+    kurtosis_sd (basis random: the sd across bases) beside kurtosis: no kurtosis view changes."""
+    import dataclasses
+
+    r = load(store.path)
+    ctrl = r.metrics.filter((pl.col("metric") == "kurtosis") & (pl.col("basis") == "random")).collect()
+    with_sd = dataclasses.replace(r, metrics=pl.concat([r.metrics, ctrl.with_columns(metric=pl.lit("kurtosis_sd"),
+                                                                                     value=pl.lit(0.15)).lazy()]))  # fmt: skip
+    assert with_sd.metrics.filter(pl.col("metric") == "kurtosis_sd").collect().height == ctrl.height > 0
+    for view in (
+        lambda x: q.basis_comparison(x),
+        lambda x: q.scale_table(x, "kurtosis", over_null=True),
+        lambda x: q.scale_table(x, "kurtosis", control=q.CONTROL),
+    ):
+        from polars.testing import assert_frame_equal
+
+        a, b = view(r).collect(), view(with_sd).collect()
+        keys = [c for c in ("config_id", "layer", "site", "basis") if c in a.columns]
+        assert a.height > 0
+        assert_frame_equal(a.sort(keys), b.sort(keys), check_exact=False, rel_tol=1e-12)

@@ -14,13 +14,18 @@ CHARTS = {
     "kurtosis_by_layer",
     "kurtosis_over_training",
     "basis_comparison",
-    "kurtosis_resid_vs_params",
-    "kurtosis_mlp_in_vs_params",
+    "kurtosis_resid_over_null_vs_params",
+    "kurtosis_mlp_in_over_null_vs_params",
+    "outlier_dims_rel_attn_in_fraction_vs_params",
+    "outlier_dims_rel_attn_in_fraction_by_layer",
+    "outlier_dims_rel_mlp_in_fraction_vs_params",
+    "outlier_dims_rel_mlp_in_fraction_by_layer",
     "final_val_loss_vs_params",
     "kurtosis_vs_loss",
     "kurtosis_by_family",
     "quant_w8a8_vs_kurtosis",
     "quant_w4a4_vs_kurtosis",
+    "slopes",
 }
 
 
@@ -46,36 +51,62 @@ def test_writes_every_chart_table_and_index(report, store) -> None:  # noqa: F81
     assert (rep.n_runs, rep.n_done, rep.n_failed, rep.n_diverged) == (store.n_trials, store.n_trials, 0, 0)
 
 
-def test_fits_table_holds_the_known_exponent(report) -> None:
+RESID_OVER_NULL = "kurtosis / null 3(d−1)/(d+1), residual stream"
+
+
+def test_fits_table_holds_the_known_exponent(report, store) -> None:  # noqa: F811
+    """kurtosis / null has a slope with its interval for every config, SGD's (no privileged
+    basis: slope 0) included; adam's matches the planted excess read against the exact null."""
+    import numpy as np
+
+    from analysis.null import kurtosis_null
+
     rep, _ = report
     fits = pl.read_csv(Path(rep.out) / "fits.csv")
-    adam = fits.filter(
-        pl.col("fit").str.starts_with("kurtosis − control, residual") & (pl.col("optimizer") == "adam")
-    ).row(0, named=True)
-    assert adam["exponent_low"] < 0.5 < adam["exponent_high"]
+    resid = fits.filter(pl.col("fit").str.starts_with(RESID_OVER_NULL))
+    assert sorted(resid.get_column("optimizer")) == ["adam", "sgd"]
+    adam = resid.filter(pl.col("optimizer") == "adam").row(0, named=True)
+    sgd = resid.filter(pl.col("optimizer") == "sgd").row(0, named=True)
     assert adam["interval"] == "between-seed t (3 seeds)" and (adam["n_x"], adam["n_seeds"]) == (3, 3)
-    # sgd has no excess over the control: its fit is undefined, not listed, and named in one note
-    sgd = fits.filter(pl.col("fit").str.starts_with("kurtosis − control, residual") & (pl.col("optimizer") == "sgd"))
-    assert sgd.height == 0 and fits.get_column("exponent").null_count() == 0
+    sizes = np.array(store.params_non_embedding, dtype=float)
+    null = np.array([kurtosis_null(d) for d in (32, 64, 128)])
+    ratio = (null + np.array([store.expected_excess("adam", p) for p in sizes])) / null
+    planted = np.polyfit(np.log(sizes), np.log(ratio), 1)[0]
+    assert adam["exponent_low"] < planted < adam["exponent_high"]
+    assert adam["exponent_low"] > 0.1
+    assert sgd["exponent_low"] <= sgd["exponent"] <= sgd["exponent_high"] and abs(sgd["exponent"]) < 1e-3
+    assert fits.filter(pl.col("fit").str.starts_with("kurtosis / null")).height == 4  # resid and MLP input
+    # the outlier fraction: adam's fitted through the structural zeros at d 32, sgd's undefined (no outliers)
+    frac = fits.filter(pl.col("fit").str.starts_with("outlier fraction"))
+    assert frac.get_column("optimizer").to_list() == ["adam", "adam"]
+    row = frac.row(0, named=True)
+    assert row["interval"].startswith("quasi-Poisson GLM, t(") and row["exponent_low"] < row["exponent_high"]
+    assert row["n_x"] == 2 and "d_model ≤ 36 left out" in row["note"]
     skipped = [n for n in rep.notes if "fits are undefined" in n]
-    assert len(skipped) == 1 and "sgd · layernorm · none" in skipped[0] and "y <= 0" in skipped[0]
+    assert len(skipped) == 1 and skipped[0].count("sgd · layernorm · none") == 2 and "every count 0" in skipped[0]
+    assert "kurtosis /" not in skipped[0]  # every kurtosis fit is defined
+    assert "quasi-Poisson GLMs of the outlier counts" in (Path(rep.out) / "fits.md").read_text()
     comparisons = pl.read_csv(Path(rep.out) / "comparisons.csv")
-    raw = comparisons.filter(pl.col("fit").str.starts_with("kurtosis, residual")).row(0, named=True)
+    raw = comparisons.filter(pl.col("fit").str.starts_with(RESID_OVER_NULL)).row(0, named=True)
     assert raw["a"].startswith("sgd") and raw["b"].startswith("adam")
     assert raw["difference_low"] > 0 and raw["p_value"] < 0.05
     assert raw["method"].startswith("Welch t over seeds")
 
 
 def test_control_excess_keeps_fits_that_offset_3_loses(tmp_path: Path) -> None:
-    """At small width the no-privilege kurtosis reads 3d/(d+2) < 3: a small excess measured
-    against 3 goes negative (undefined fit); against the control it is defined."""
+    """At small width the no-privilege kurtosis reads 3(d-1)/(d+1) < 3: a small excess measured
+    against 3 goes negative (undefined fit); against the control, and over the null, it is defined."""
     from synthetic_store import write_store
 
     small = write_store(tmp_path, name="small", sizes=(16, 24, 32), optimizers=("adam",),
                         amplitude=0.1, exponents={"adam": 0.3}, steps=(0, 10), seed=1)  # fmt: skip
-    specs = (FitSpec("kurtosis", offset=3.0, chart=False), FitSpec("kurtosis", control=True, chart=False))
+    specs = (FitSpec("kurtosis", offset=3.0, chart=False), FitSpec("kurtosis", control=True, chart=False),
+             FitSpec("kurtosis", over_null=True, chart=False))  # fmt: skip
     rep = write_report(small.path, tmp_path / "rep", formats=("svg",), fit_specs=specs, n_boot=20)
-    assert rep.fits.get_column("fit").to_list() == ["kurtosis − control, residual stream (mean over blocks)"]
+    assert rep.fits.get_column("fit").to_list() == [
+        "kurtosis − control, residual stream (mean over blocks)",
+        "kurtosis / null 3(d−1)/(d+1), residual stream (mean over blocks)",
+    ]
     assert rep.skipped.get_column("fit").to_list() == ["kurtosis − 3, residual stream (mean over blocks)"]
     fit = rep.fits.row(0, named=True)
     assert fit["exponent_low"] < 0.3 < fit["exponent_high"]  # the excess's own exponent
@@ -103,16 +134,29 @@ def test_main_charts_show_best_lr_points_and_say_so(tmp_path: Path) -> None:
     ladder = write_store(tmp_path, name="ladder", sizes=(32, 64), seeds=(0, 1), steps=(0, 50, 100),
                          lrs={"adam": [1e-3, 3e-3, 1e-2], "sgd": [0.1, 0.3]}, seed=3)  # fmt: skip
     rep = write_report(ladder.path, tmp_path / "rep", formats=("svg",), n_boot=20)
-    assert "best-lr points" in rep.captions["kurtosis_resid_vs_params"]
+    assert "best-lr points" in rep.captions["kurtosis_resid_over_null_vs_params"]
     assert "every lr tried" in rep.captions["kurtosis_vs_loss"]
     best = pl.read_csv(tmp_path / "rep" / "best_lr.csv")
     assert best.height == 4 and set(best.filter(pl.col("optimizer") == "sgd").get_column("edge")) == {"high"}
     # fits run over the best-lr points only: 2 sizes x 2 seeds per line, one lr each
-    raw = rep.fits.filter(pl.col("fit").str.starts_with("kurtosis, residual"))
+    raw = rep.fits.filter(pl.col("fit").str.starts_with(RESID_OVER_NULL))
     assert raw.height == 2 and set(raw.get_column("n").to_list()) == {4}
     assert any("lr=0.003" in c for c in raw.get_column("config"))
     index = (tmp_path / "rep" / "index.html").read_text()
     assert "Best learning rates" in index and "edge: largest lr tried" in index
+    # the best lr against size: lr_fit.csv with the columns a spec's lr_scaling takes
+    lr_fit = pl.read_csv(tmp_path / "rep" / "lr_fit.csv")
+    assert lr_fit.get_column("optimizer").to_list() == ["adam", "sgd"]
+    assert {"reference_params", "lr_at_reference", "exponent", "exponent_lo", "exponent_hi", "n_sizes", "note"} <= set(lr_fit.columns)
+    adam = lr_fit.row(0, named=True)
+    assert adam["exponent"] == pytest.approx(0.0, abs=1e-9) and adam["lr_at_reference"] == pytest.approx(3e-3)
+    assert adam["n_sizes"] == 2 and "2 sizes: no interval" in adam["note"]
+    assert "edge of ladder" in lr_fit.row(1, named=True)["note"]  # sgd's best is its largest lr
+    assert "# Best lr against size" in (tmp_path / "rep" / "fits.md").read_text()
+    assert "lr_vs_params" in rep.charts and any("lr_fit.csv" in n for n in rep.notes)
+    import re
+
+    assert re.search(r"adam [^:]*: b = -?0\.00, lr0 = 0\.003 at N0 = [\d,]+ \(2 sizes: no interval\)", rep.captions["lr_vs_params"])
 
 
 def test_report_never_pools_configs_that_differ_in_one_hyper_parameter(twins, tmp_path: Path) -> None:  # noqa: F811
@@ -177,7 +221,7 @@ def test_single_size_skips_fits_gracefully(single_size_store, tmp_path: Path) ->
     assert any("Only one model size" in n for n in rep.notes)
     assert rep.fits.height == 0
     names = {p.name for p in out.iterdir()}
-    assert "fits.csv" not in names and "kurtosis_resid_vs_params.png" in names
+    assert "fits.csv" not in names and "kurtosis_resid_over_null_vs_params.png" in names
     assert "Only one model size" in (out / "index.html").read_text()
 
 
@@ -198,15 +242,16 @@ def test_bad_format_is_a_value_error(store) -> None:  # noqa: F811
 
 def test_default_fit_specs_are_named() -> None:
     assert [s.name for s in DEFAULT_FITS] == [
-        "kurtosis_resid_excess",
-        "kurtosis_mlp_in_excess",
-        "kurtosis_resid",
-        "kurtosis_mlp_in",
+        "kurtosis_resid_over_null",
+        "kurtosis_mlp_in_over_null",
+        "outlier_dims_rel_attn_in_fraction",
+        "outlier_dims_rel_mlp_in_fraction",
         "final_val_loss",
     ]
     charted = [s.name for s in DEFAULT_FITS if s.chart]
     assert len(charted) == len(set(charted))  # one chart file each
-    assert DEFAULT_FITS[0].label.startswith("kurtosis − control, residual stream")
+    assert DEFAULT_FITS[0].label.startswith(RESID_OVER_NULL)
+    assert not any(s.control for s in DEFAULT_FITS)  # the control's excess is undefined for null configs
 
 
 def test_fits_do_not_depend_on_the_order_rows_are_read_in(store) -> None:  # noqa: F811
@@ -228,3 +273,26 @@ def test_fits_do_not_depend_on_the_order_rows_are_read_in(store) -> None:  # noq
     a, b = build(results, n_boot=200).fits, build(shuffled, n_boot=200).fits
     assert a.height > 0
     assert_frame_equal(a, b, check_exact=False, rel_tol=1e-9)
+
+
+def test_sharing_sweep_gets_the_group_size_chart(tmp_path: Path) -> None:
+    """A sweep over rotation group sizes (ends rotated and not) gets kurtosis against group size."""
+    from synthetic_store import write_store
+
+    rots = ["none", ("partial", 1), ("partial", 2), ("partial", 1, False), ("partial", 2, False)]
+    s = write_store(tmp_path, name="sharing", sizes=(64,), n_layers=2, optimizers=("adam",), seeds=(0, 1),
+                    rotations=rots, steps=(0, 10), sharing=True, quant=False)  # fmt: skip
+    rep = write_report(s.path, tmp_path / "rep", formats=("svg",), n_boot=20)
+    assert "kurtosis_vs_group_size" in rep.charts
+    assert "share one basis" in rep.captions["kurtosis_vs_group_size"]
+    assert "kurtosis_by_family" not in rep.charts and "kurtosis_vs_params" not in rep.charts  # one size
+
+
+def test_one_family_still_gets_raw_kurtosis_against_size_with_its_null(tmp_path: Path) -> None:
+    from synthetic_store import write_store
+
+    s = write_store(tmp_path, name="adam", sizes=(32, 64), optimizers=("adam",), seeds=(0,), steps=(0, 10), quant=False)
+    rep = write_report(s.path, tmp_path / "rep", formats=("svg",), n_boot=20)
+    assert "kurtosis_vs_params" in rep.charts and "kurtosis_by_family" not in rep.charts
+    svg = (tmp_path / "rep" / "kurtosis_vs_params.svg").read_text()
+    assert "null 3(d−1)/(d+1)" in svg

@@ -13,10 +13,12 @@ from __future__ import annotations
 from analysis.charts import style
 from analysis.charts.size import *  # noqa: F403
 from analysis.charts.size import __all__ as _size
+from analysis.charts.sharing import *  # noqa: F403
+from analysis.charts.sharing import __all__ as _sharing
 from analysis.charts.style import *  # noqa: F403
 from analysis.charts.training import *  # noqa: F403
 from analysis.charts.training import __all__ as _training
 from analysis.charts.versus import *  # noqa: F403
 from analysis.charts.versus import __all__ as _versus
 
-__all__ = sorted({*style.__all__, *_size, *_training, *_versus})
+__all__ = sorted({*style.__all__, *_sharing, *_size, *_training, *_versus})

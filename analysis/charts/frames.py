@@ -211,8 +211,18 @@ def dodge(df: pl.DataFrame, x: str, width: float = 0.03, span: float = 0.12) -> 
 CHART_COLUMNS = (
     "layer", "step", "tokens", "x_plot", "x", "x_low", "x_high", "params", "params_non_embedding", "d_model",
     "mean", "ci_low", "ci_high", "n", "fit", "fit_low", "fit_high", "kind",
-    "optimizer", "variant", "facet", "size", "series", "row", "column",
+    "optimizer", "variant", "facet", "size", "series", "row", "column", "null_ref",
 )  # fmt: skip
+
+
+def with_null(df: pl.DataFrame, metric: str) -> pl.DataFrame:
+    """For kurtosis, a ``null_ref`` column: the exact null 3(d-1)/(d+1) at each row's
+    d_model (``analysis.null``), which the charts draw instead of a line at 3."""
+    if metric != "kurtosis" or "d_model" not in df.columns or df.get_column("d_model").null_count() == df.height:
+        return df
+    from analysis.null import null_expr
+
+    return df.with_columns(null_ref=null_expr("d_model"))
 
 
 def slim(df: pl.DataFrame, keep: Sequence[str] = ()) -> pl.DataFrame:

@@ -22,7 +22,7 @@ def y_scale_for(
     df: pl.DataFrame, log_y: bool | None, reference: float | None, cols: Sequence[str] = ()
 ) -> alt.Scale:
     vals: list[float] = []
-    for c in ("mean", "ci_low", "ci_high", *cols):
+    for c in ("mean", "ci_low", "ci_high", "null_ref", *cols):
         if c in df.columns:
             vals += [v for v in df.get_column(c).to_list() if v is not None and math.isfinite(v)]
     if reference is not None:
@@ -74,7 +74,9 @@ def lines_with_band(
         line={"point": alt.OverlayMarkDef(size=16) if df.get_column(x).n_unique() <= 25 else False},
         tooltip=tip, **dash,
     )  # fmt: skip
-    if reference is not None:
+    if "null_ref" in df.columns:
+        layers += null_rule(y_scale)
+    elif reference is not None:
         layers.append(reference_rule(reference))
     return layers
 
@@ -131,6 +133,81 @@ def reference_rule(value: float, axis: str = "y", color: str = "#555555", dash: 
         .encode(**{axis: alt.datum(value)})
         .transform_aggregate(rows="count()")  # one row per panel
     )
+
+
+NULL_COLOR = "#555555"
+
+
+def reference_label(value: float, text: str, axis: str = "y") -> alt.Chart:
+    """``text`` beside the reference rule at ``value``, once per panel (at its left edge on
+    a y rule, its top on an x rule)."""
+    pos = {axis: alt.datum(value), ("x" if axis == "y" else "y"): alt.value(0)}
+    return (
+        alt.Chart()
+        .mark_text(align="left", dx=3 if axis == "y" else 4, dy=-5 if axis == "y" else 6, fontSize=8,
+                   color=NULL_COLOR)
+        .encode(**pos, text=alt.value(text))
+        .transform_aggregate(rows="count()")
+    )  # fmt: skip
+
+
+def null_rule(y_scale: alt.Scale) -> list[alt.Chart]:
+    """The exact null as a rule at the panel's ``null_ref`` (one model width per panel),
+    labelled, drawn once per panel."""
+    from analysis.null import NULL_LABEL
+
+    y = alt.Y("null_ref:Q", scale=y_scale)
+    return [
+        alt.Chart().mark_rule(color=NULL_COLOR, strokeDash=[3, 3], strokeWidth=1).encode(y=y)
+        .transform_aggregate(null_ref="mean(null_ref)"),
+        alt.Chart().mark_text(align="left", dx=3, dy=-5, fontSize=8, color=NULL_COLOR)
+        .encode(x=alt.value(0), y=y, text=alt.value(NULL_LABEL))
+        .transform_aggregate(null_ref="mean(null_ref)"),
+    ]  # fmt: skip
+
+
+def null_per_size(x_enc: alt.X, x: str, y_scale: alt.Scale, kind: Any = None) -> list[alt.Chart]:
+    """The exact null at each model size on a size axis: a dashed grey line through
+    (size, 3(d-1)/(d+1)), labelled at the largest size. ``x`` is the true size column;
+    ``x_enc`` the chart's x encoding of ``x_plot``. ``kind`` filters the rows used."""
+    from analysis.null import NULL_LABEL
+
+    def base() -> alt.Chart:
+        c = alt.Chart()
+        if kind is not None:
+            c = c.transform_filter(kind)
+        return c.transform_aggregate(null_ref="mean(null_ref)", groupby=[x]).transform_calculate(
+            x_plot=f"datum['{x}']"
+        )
+
+    y = alt.Y("null_ref:Q", scale=y_scale)
+    return [
+        base().mark_line(color=NULL_COLOR, strokeDash=[4, 2], strokeWidth=1, point=alt.OverlayMarkDef(
+            color=NULL_COLOR, size=10)).encode(x=x_enc, y=y, order=alt.Order("x_plot:Q")),
+        # the label at the largest size: the null grows with d, and d with size
+        (alt.Chart().transform_filter(kind) if kind is not None else alt.Chart())
+        .transform_aggregate(null_ref="max(null_ref)", x_plot=f"max({x})")
+        .mark_text(align="right", dy=9, fontSize=8, color=NULL_COLOR).encode(x=x_enc, y=y, text=alt.value(NULL_LABEL)),
+    ]  # fmt: skip
+
+
+def null_per_width(df: pl.DataFrame, scale: alt.Scale, axis: str = "y") -> list[alt.Chart]:
+    """The exact null of each model width in ``df`` as a rule on ``axis`` (a chart whose
+    points span several sizes), one label naming the widths."""
+    from analysis.null import NULL_LABEL
+
+    widths = sorted({int(v) for v in df.get_column("d_model").drop_nulls().to_list()})
+    text = NULL_LABEL + (f", d {widths[0]}–{widths[-1]}" if len(widths) > 1 else f", d {widths[0]}")
+    enc = {axis: alt.Y("null_ref:Q", scale=scale) if axis == "y" else alt.X("null_ref:Q", scale=scale)}
+    label_pos = {("x" if axis == "y" else "y"): alt.value(0)}
+    return [
+        alt.Chart().mark_rule(color=NULL_COLOR, strokeDash=[4, 2], strokeWidth=1).encode(**enc)
+        .transform_aggregate(null_ref="mean(null_ref)", groupby=["d_model"]),
+        alt.Chart().mark_text(align="left", dx=3 if axis == "y" else 4, dy=-5 if axis == "y" else 6, fontSize=8,
+                              color=NULL_COLOR)
+        .encode(**enc, **label_pos, text=alt.value(text))
+        .transform_aggregate(null_ref="max(null_ref)"),
+    ]  # fmt: skip
 
 
 def assemble(

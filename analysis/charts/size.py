@@ -8,8 +8,11 @@ from typing import Any
 import altair as alt
 import polars as pl
 
-from analysis.charts.frames import as_frame, decorate, dodge, tooltip, variant_order, variant_title, varies
-from analysis.charts.layers import assemble, band_and_line, chart_title, log_axis, max_ticks, reference_rule, y_scale_for
+from analysis.charts.frames import as_frame, decorate, dodge, tooltip, variant_order, variant_title, varies, with_null
+from analysis.charts.layers import (
+    assemble, band_and_line, chart_title, log_axis, max_ticks, null_per_size, reference_label, reference_rule,
+    y_scale_for,
+)  # fmt: skip
 from analysis.charts.style import (
     AXIS_TITLES, COLOR_LEGEND, DASHES, REFERENCES, apply_theme, metric_title, optimizer_scale,
 )  # fmt: skip
@@ -30,17 +33,23 @@ def metric_vs_params(
     title: str | None = None,
     y_title: str | None = None,
     connect: bool = False,
+    reference_text: str | None = None,
     configure: bool = True,
 ) -> alt.TopLevelMixin:
     """Metric against model size (from ``queries.scale_table``) on a log x axis: seed means
     with CI error bars, and fitted power laws with bootstrap bands (``curves`` from
     ``fits.fit_curves`` with the same config columns and x column), faceted by ``facet``
     (e.g. ``"optimizer_family"``). ``connect`` joins each config's seed means across sizes
-    with a line (one line per optimiser and variant)."""
-    reference = REFERENCES.get(metric) if reference is None else reference
+    with a line (one line per optimiser and variant). For kurtosis (no ``reference`` given)
+    the exact null 3(d-1)/(d+1) of each size is drawn (a dashed line through the sizes);
+    ``reference_text`` labels a ``reference`` rule."""
+    frame = as_frame(table)
+    if reference is None:
+        frame = with_null(frame, metric)
+    reference = REFERENCES.get(metric) if reference is None and "null_ref" not in frame.columns else reference
     chart = scaling(
-        as_frame(table), curves, x, y_title or metric_title(metric), facet, log_y, reference,
-        connect=connect,
+        frame, curves, x, y_title or metric_title(metric), facet, log_y, reference,
+        connect=connect, reference_text=reference_text,
     )  # fmt: skip
     chart = chart.properties(title=chart_title(title, None))
     return apply_theme(chart) if configure else chart
@@ -74,6 +83,7 @@ def scaling(
     reference: float | None,
     *,
     connect: bool = False,
+    reference_text: str | None = None,
 ) -> alt.TopLevelMixin:
     points = dodge(decorate(table, facet), x).with_columns(kind=pl.lit("point"))
     frames = [points]
@@ -152,6 +162,10 @@ def scaling(
         )
         .transform_filter(is_point),
     ]
-    if reference is not None:
+    if "null_ref" in points.columns:
+        layers += null_per_size(x_enc, x, y_scale, kind=is_point)
+    elif reference is not None:
         layers.append(reference_rule(reference))
+        if reference_text:
+            layers.append(reference_label(reference, reference_text))
     return assemble(layers, data, facet, keep=[x])

@@ -39,7 +39,7 @@ OPTIMIZER_COLORS = {
     "signsgd": OKABE_ITO["black"],
     "adafactor": "#8C6D1F",  # dark ochre: Okabe-Ito yellow is unreadable as a thin line
 }
-FAMILY_ORDER = ("per_coordinate", "rotation_equivariant", "fixed_random_basis", "adaptive_basis")
+FAMILY_ORDER = ("per_coordinate", "mixed", "rotation_equivariant", "fixed_random_basis", "adaptive_basis")
 """The optimiser families (DESIGN.md), in the order their panels appear."""
 _SPARE = ["#999999", "#6A3D9A", "#B15928", "#1F78B4", "#33A02C"]
 
@@ -48,6 +48,8 @@ METRIC_TITLES = {
     "neuron_kurtosis": "Neuron kurtosis (Gaussian ≈ 1)",
     "outlier_dims_abs": "Outlier dimensions (|x| > 6)",
     "outlier_dims_rel": "Outlier dimensions (|x| > 6 RMS)",
+    "outlier_fraction": "Outlier fraction of d (|x| > 6 RMS)",
+    "kurtosis_over_null": "Kurtosis / null 3(d−1)/(d+1)",
     "max_abs": "Max |activation|",
     "max_median_ratio": "Max / median |activation|",
     "dettmers_outliers": "Outlier features (Dettmers)",

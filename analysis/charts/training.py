@@ -5,9 +5,11 @@ from __future__ import annotations
 import altair as alt
 import polars as pl
 
-from analysis.charts.frames import as_frame, decorate, pick_size, rotation_sort, slim, thin_steps, tooltip, varies
+from analysis.charts.frames import (
+    as_frame, decorate, pick_size, rotation_sort, slim, thin_steps, tooltip, varies, with_null,
+)  # fmt: skip
 from analysis.charts.layers import (
-    assemble, chart_title, lines_with_band, panel_width, reference_rule, y_scale_for,
+    assemble, chart_title, lines_with_band, null_rule, panel_width, reference_rule, y_scale_for,
 )  # fmt: skip
 from analysis.charts.style import (
     AXIS_TITLES, DASHES, PANEL_HEIGHT, REFERENCES, SERIES_ORDER, SHAPES, SizeChoice, apply_theme,
@@ -30,10 +32,12 @@ def kurtosis_by_layer(
     configure: bool = True,
 ) -> alt.TopLevelMixin:
     """Metric by layer (from ``queries.layer_profile``): one line per config with its CI
-    band, a dashed rule at the Gaussian reference (3 for kurtosis). One model size
-    (``size``: "largest", "smallest", a params value, or None for a row per size)."""
+    band, a dashed rule at the reference: for kurtosis the exact null 3(d-1)/(d+1) at the
+    panel's width (``analysis.null``), labelled. One model size (``size``: "largest",
+    "smallest", a params value, or None for a row per size)."""
     df, size_note = pick_size(as_frame(profile), size)
     df = decorate(df, facet)
+    df = with_null(df, metric) if reference is None else df
     reference = REFERENCES.get(metric) if reference is None else reference
     y_title = metric_title(metric)
     layers = lines_with_band(df, "layer", y_title, "Layer (0 = embeddings)", log_y, reference)
@@ -58,7 +62,8 @@ def metric_over_training(
     configure: bool = True,
 ) -> alt.TopLevelMixin:
     """Metric over training (from ``queries.metric_over_training``), tokens on x: one line
-    per config with its CI band and the Gaussian reference rule. ``size=None`` gives one
+    per config with its CI band and the reference rule (kurtosis: the exact null at each
+    row's width, see ``kurtosis_by_layer``). ``size=None`` gives one
     row of panels per model size. ``threshold`` draws a dotted rule there; ``onsets`` (from
     ``selection.onset``) marks each config's mean onset on it, with its seed interval."""
     df, size_note = pick_size(as_frame(frame), size)
@@ -66,6 +71,7 @@ def metric_over_training(
         df = df.filter(pl.col(x) > 0)
     df = thin_steps(df)
     df = decorate(df, facet)
+    df = with_null(df, metric) if reference is None else df
     reference = REFERENCES.get(metric) if reference is None else reference
     layers = lines_with_band(
         df, x, metric_title(metric), AXIS_TITLES.get(x, x), log_y, reference, log_x=log_x
@@ -116,10 +122,12 @@ def basis_comparison(
 ) -> alt.TopLevelMixin:
     """The metric by layer in each basis (from ``queries.basis_comparison``): residual
     stream (stored basis, and the random-basis control) against the attention and MLP
-    inputs in their computation basis. One panel per config (rows: optimiser and norm,
+    inputs in their computation basis, with the exact null 3(d-1)/(d+1) of the model's width
+    (labelled) beside the measured control. One panel per config (rows: optimiser and norm,
     columns: rotation); colour is the optimiser, dash and marker the basis."""
     df, size_note = pick_size(as_frame(frame), size)
     df = decorate(df, None)
+    df = with_null(df, metric) if reference is None else df
     reference = REFERENCES.get(metric) if reference is None else reference
     rows = ["optimizer"] + (["norm"] if varies(df, "norm") else [])
     df = df.with_columns(
@@ -173,7 +181,9 @@ def basis_comparison(
         ),
     )
     layers = [band, line, marks]
-    if reference is not None:
+    if "null_ref" in df.columns:
+        layers += null_rule(y_scale)
+    elif reference is not None:
         layers.append(reference_rule(reference))
     n_cols = max(1, df.get_column("column").n_unique())
     chart = (

@@ -8,8 +8,10 @@ from typing import Any
 import altair as alt
 import polars as pl
 
-from analysis.charts.frames import as_frame, decorate, size_column, tooltip, variant_order, variant_title, varies
-from analysis.charts.layers import assemble, chart_title, reference_rule, y_scale_for
+from analysis.charts.frames import (
+    as_frame, decorate, size_column, tooltip, variant_order, variant_title, varies, with_null,
+)  # fmt: skip
+from analysis.charts.layers import assemble, chart_title, null_per_width, reference_rule, y_scale_for
 from analysis.charts.style import (
     COLOR_LEGEND, METRIC_TITLES, REFERENCES, apply_theme, format_count, metric_title, optimizer_scale,
 )  # fmt: skip
@@ -28,6 +30,7 @@ def metric_vs_metric(
     log_y: bool | None = None,
     reference: float | None = None,
     x_reference: float | None = None,
+    null_axis: str | None = None,
     connect: bool = True,
     title: str | None = None,
     configure: bool = True,
@@ -35,8 +38,14 @@ def metric_vs_metric(
     """One seed-aggregated measure against another, per config (from ``selection.versus``:
     ``x``/``x_low``/``x_high`` against ``mean``/``ci_low``/``ci_high``): a point per config
     with both t-intervals as error bars, colour = optimiser, marker size = model size;
-    ``connect`` joins each optimiser's (and variant's) points in order of size."""
+    ``connect`` joins each optimiser's (and variant's) points in order of size.
+    ``null_axis`` ("x" or "y": the axis that shows kurtosis) draws the exact null
+    3(d-1)/(d+1) of each model width as a rule there, instead of ``reference``."""
     df = decorate(as_frame(table), facet)
+    if null_axis is not None:
+        df = with_null(df, "kurtosis")
+        if "null_ref" in df.columns:
+            reference = x_reference = None
     size_col = size_column(df)
     df = df.with_columns(kind=pl.lit("point"))
     if size_col:
@@ -44,7 +53,7 @@ def metric_vs_metric(
             size=pl.col(size_col).map_elements(lambda v: format_count(v), return_dtype=pl.String),
             _order=pl.col(size_col).cast(pl.Float64),
         )
-    layers = _xy_layers(df, x_title, y_title, log_x, log_y, reference, x_reference, connect, size_col)
+    layers = _xy_layers(df, x_title, y_title, log_x, log_y, reference, x_reference, connect, size_col, null_axis)
     chart = assemble(layers, df, facet, keep=["x", "x_low", "x_high", "_order", "x_n"])
     chart = chart.properties(title=chart_title(title, None))
     return apply_theme(chart) if configure else chart
@@ -59,7 +68,7 @@ def kurtosis_vs_loss(
     kw.setdefault("title", "Kurtosis at matched loss")
     return metric_vs_metric(
         table, x_title=METRIC_TITLES["final_val_loss"], y_title=metric_title("kurtosis"),
-        facet=facet, reference=REFERENCES["kurtosis"], **kw,
+        facet=facet, reference=REFERENCES["kurtosis"], null_axis="y", **kw,
     )  # fmt: skip
 
 
@@ -74,7 +83,7 @@ def quant_penalty(
     return metric_vs_metric(
         df, x_title=metric_title("kurtosis"),
         y_title=f"{str(quant).upper()} penalty (Δ val loss, nats/token)",
-        facet=facet, x_reference=REFERENCES["kurtosis"], **kw,
+        facet=facet, x_reference=REFERENCES["kurtosis"], null_axis="x", **kw,
     )  # fmt: skip
 
 
@@ -88,9 +97,13 @@ def _xy_layers(
     x_reference: float | None,
     connect: bool,
     size_col: str | None,
+    null_axis: str | None = None,
 ) -> list[alt.Chart]:
     """Point + two-way error bars (+ connecting line) layers for ``metric_vs_metric``."""
-    y_scale = y_scale_for(df, log_y, reference)
+    has_null = "null_ref" in df.columns and null_axis is not None
+    y_scale = y_scale_for(df, log_y, reference, cols=("null_ref",) if has_null and null_axis == "y" else ())
+    if has_null and null_axis == "x":  # the null is an x value: keep it out of the y domain
+        y_scale = y_scale_for(df.drop("null_ref"), log_y, reference)
     xs = [v for c in ("x", "x_low", "x_high") if c in df.columns for v in df.get_column(c).to_list()
           if v is not None and math.isfinite(v)]  # fmt: skip
     if x_reference is not None:
@@ -130,4 +143,6 @@ def _xy_layers(
         layers.append(reference_rule(reference))
     if x_reference is not None:
         layers.append(reference_rule(x_reference, axis="x"))
+    if has_null:
+        layers += null_per_width(df, y_scale if null_axis == "y" else x_scale, axis=null_axis)
     return layers

@@ -1,0 +1,105 @@
+"""Charts of what the sweep answers across configs: kurtosis against the number of blocks
+that share a basis (the paper's question 5), and each config's fitted slope with its
+interval, side by side."""
+
+from __future__ import annotations
+
+import altair as alt
+import polars as pl
+
+from analysis.charts.frames import as_frame, pick_size, tooltip
+from analysis.charts.layers import reference_label, reference_rule
+from analysis.charts.style import COLOR_LEGEND, HEIGHT, PANEL_HEIGHT, PANEL_WIDTH, WIDTH, SizeChoice, apply_theme, optimizer_scale
+from analysis.null import NULL_LABEL
+
+__all__ = ["kurtosis_vs_group_size", "slopes"]
+
+
+def kurtosis_vs_group_size(
+    table: pl.DataFrame | pl.LazyFrame,
+    *,
+    size: SizeChoice = "largest",
+    y_title: str = "Kurtosis / null 3(d−1)/(d+1)",
+    reference: float | None = 1.0,
+    title: str | None = "Shared bases and alignment",
+    configure: bool = True,
+) -> alt.TopLevelMixin:
+    """Computation-basis kurtosis (from ``selection.group_size_table``) against the number of
+    consecutive blocks sharing one basis: seed means with t-intervals, colour = optimiser,
+    dash and marker = layer input (attention / MLP), one panel per ``ends`` (embeddings
+    rotated or not); a rule at ``reference`` (1 = the exact null for kurtosis / null)."""
+    df, size_note = pick_size(as_frame(table), size)
+    df = df.with_columns(
+        pl.col("group_size_x").cast(pl.Int64),
+        # one line per optimiser, norm and layer input across group sizes (ends: the panel)
+        config=pl.concat_str([pl.col(c).cast(pl.String).fill_null("") for c in ("optimizer", "norm", "site_name")
+                              if c in df.columns], separator=" · "),
+    )
+    sizes = sorted({int(v) for v in df.get_column("group_size_x").drop_nulls().to_list()})
+    x = alt.X("group_size_x:Q", title="Blocks sharing one basis (group size)",
+              axis=alt.Axis(values=sizes, format="d"), scale=alt.Scale(nice=False, padding=12))  # fmt: skip
+    y_scale = alt.Scale(zero=False, nice=False, padding=8)
+    color = alt.Color("optimizer:N", scale=optimizer_scale(df.get_column("optimizer").to_list()),
+                      title="Optimizer", legend=COLOR_LEGEND)  # fmt: skip
+    sites = df.get_column("site_name").unique(maintain_order=True).to_list()
+    layers = [
+        alt.Chart().mark_line(strokeWidth=1.4).encode(
+            x=x, y=alt.Y("mean:Q", title=y_title, scale=y_scale), color=color, detail="config:N",
+            strokeDash=alt.StrokeDash("site_name:N", title="Layer input", sort=sites, legend=None),
+            order=alt.Order("group_size_x:Q")),
+        alt.Chart().mark_rule(strokeWidth=1.2).encode(x=x, y=alt.Y("ci_low:Q", scale=y_scale), y2="ci_high:Q", color=color),
+        alt.Chart().mark_point(filled=True, size=34, opacity=1).encode(
+            x=x, y=alt.Y("mean:Q", scale=y_scale), color=color,
+            shape=alt.Shape("site_name:N", title="Layer input", sort=sites),
+            tooltip=tooltip(df, ["optimizer", "rotation_label", "site_name", "group_size_x", "mean", "ci_low", "ci_high", "n"])),
+    ]  # fmt: skip
+    if reference is not None:
+        layers += [reference_rule(reference), reference_label(reference, NULL_LABEL)]
+    keep = ["group_size_x", "mean", "ci_low", "ci_high", "n", "optimizer", "rotation_label", "site_name", "config", "ends"]
+    data = df.select([c for c in keep if c in df.columns])
+    panels = data.get_column("ends").n_unique() > 1
+    base = alt.layer(*layers, data=data).properties(
+        width=PANEL_WIDTH + 40 if panels else WIDTH, height=PANEL_HEIGHT + 30 if panels else HEIGHT
+    )
+    chart = base.facet(column=alt.Column("ends:N", title=None, sort=["ends rotated", "ends unrotated"])) if panels else base
+    note = f"; {size_note}" if size_note else ""
+    chart = chart.properties(title=alt.TitleParams(title or "", subtitle=[f"mean over blocks, seed means with t-intervals{note}"]))
+    return apply_theme(chart) if configure else chart
+
+
+def slopes(
+    fits: pl.DataFrame | pl.LazyFrame,
+    *,
+    title: str | None = "Fitted exponents",
+    configure: bool = True,
+) -> alt.TopLevelMixin:
+    """Each config's fitted exponent with its interval (a fits table: ``fit``, ``config``,
+    ``optimizer``, ``exponent``, ``exponent_low``, ``exponent_high``), one row of dots and
+    whiskers per config and one panel per fit, a rule at 0 (no scaling)."""
+    df = as_frame(fits).filter(pl.col("exponent").is_not_null())
+    df = df.with_columns(
+        exponent_low=pl.col("exponent_low").fill_nan(None), exponent_high=pl.col("exponent_high").fill_nan(None),
+        fit_short=pl.col("fit").str.replace(r" \([^()]*\)$", ""),  # without "(mean over blocks)"
+    )
+    color = alt.Color("optimizer:N", scale=optimizer_scale(df.get_column("optimizer").to_list()),
+                      title="Optimizer", legend=COLOR_LEGEND)  # fmt: skip
+    order = df.sort("optimizer", "config").get_column("config").unique(maintain_order=True).to_list()
+    y = alt.Y("config:N", title=None, sort=order, axis=alt.Axis(labelLimit=320))
+    x_title = "Exponent (per-config power law), interval"
+    layers = [
+        alt.Chart().mark_rule(strokeWidth=1.6).encode(
+            x=alt.X("exponent_low:Q", title=x_title), x2="exponent_high:Q", y=y, color=color),
+        alt.Chart().mark_point(filled=True, size=40, opacity=1).encode(
+            x="exponent:Q", y=y, color=color,
+            tooltip=tooltip(df, ["fit", "config", "exponent", "exponent_low", "exponent_high", "interval", "n"])),
+        reference_rule(0.0, axis="x"),
+    ]  # fmt: skip
+    keep = ["fit_short", "config", "optimizer", "exponent", "exponent_low", "exponent_high", "interval", "n", "fit"]
+    data = df.select([c for c in keep if c in df.columns])
+    rows = max(1, len(order))
+    base = alt.layer(*layers, data=data).properties(width=WIDTH, height=max(40, 16 * rows))
+    chart = base.facet(row=alt.Row("fit_short:N", title=None, header=alt.Header(labelAngle=0, labelAlign="left",
+                       labelOrient="top", labelAnchor="start", labelFontWeight="bold")))  # fmt: skip
+    chart = chart.resolve_scale(x="independent", y="independent")
+    chart = chart.properties(title=title or "")
+    return apply_theme(chart) if configure else chart
