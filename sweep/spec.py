@@ -286,6 +286,74 @@ SpecLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"), list("-+0123456789"))
 
 
+MAX_SPEC_VALUES = 100_000
+"""Values a spec may hold once its aliases are expanded (a hand-written grid has hundreds): an
+alias bomb (`&a [..]` nested in `&b [*a, *a, ...]`) is refused before it is built."""
+
+
+def _expansion(root: yaml.Node) -> tuple[tuple, yaml.Node, str] | None:
+    """(place, node, why) when the YAML refers to itself (`&r [*r]`) or its aliases expand to
+    more than MAX_SPEC_VALUES values; None otherwise. Sizes are counted on the composed graph,
+    each shared node once, so this costs the size of the text, not of the expansion."""
+    size: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    on_path: set[int] = set()
+    while stack:
+        node, children_done = stack.pop()
+        kids = _children(node)
+        if children_done:
+            on_path.discard(id(node))
+            size[id(node)] = min(1 + sum(size[id(k)] for k in kids), MAX_SPEC_VALUES + 1)
+            continue
+        if id(node) in size:
+            continue
+        if id(node) in on_path:
+            return _path_to(root, node), node, "an alias refers to the list or mapping that holds it (&x [*x])"
+        on_path.add(id(node))
+        stack.append((node, True))
+        stack += [(k, False) for k in kids if id(k) not in size]
+    if size[id(root)] <= MAX_SPEC_VALUES:
+        return None
+    place, node = (), root  # descend to the smallest place that is still too big
+    while True:
+        big = [(p, k) for p, k in _labelled_children(node) if size[id(k)] > MAX_SPEC_VALUES]
+        if not big:
+            break
+        step, node = big[0]
+        place += (step,)
+    return place, node, f"aliases expand to more than {MAX_SPEC_VALUES:,} values; write the values out"
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+def _labelled_children(node: yaml.Node) -> list[tuple[Any, yaml.Node]]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(enumerate(node.value))
+    if isinstance(node, yaml.MappingNode):
+        return [(k.value if isinstance(k, yaml.ScalarNode) else "?", v) for k, v in node.value]
+    return []
+
+
+def _path_to(root: yaml.Node, target: yaml.Node) -> tuple:
+    """The place of `target`'s first occurrence, by a walk that enters each node once."""
+    seen, stack = set(), [((), root)]
+    while stack:
+        place, node = stack.pop()
+        if node is target and place:
+            return place
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack += [(place + (p,), k) for p, k in reversed(_labelled_children(node))]
+    return ()
+
+
 # ---- located errors ---------------------------------------------------------------------------
 
 
@@ -514,7 +582,13 @@ def load_spec(path: str | Path, *, unprepared_ok: bool = False) -> SweepSpec:
     loader = SpecLoader(text)
     try:
         root = loader.get_single_node()
+        bomb = _expansion(root) if root is not None else None
+        if bomb is not None:
+            place, node, why = bomb
+            raise SpecError(f"{path}: {_loc(place)}: {why} (line {node.start_mark.line + 1})")
         data = loader.construct_document(root) if root is not None else None
+    except RecursionError:
+        raise SpecError(f"{path}: invalid YAML: nested too deeply; a spec needs a few levels") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""

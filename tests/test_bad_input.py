@@ -202,6 +202,42 @@ CASES = [
 ]
 
 
+def _bomb(levels: int = 9) -> str:
+    """An inline YAML alias bomb: 9 levels of 9 references each, 9**9 values once expanded."""
+    expr = "&b0 [1, 1, 1, 1, 1, 1, 1, 1, 1]"
+    for i in range(1, levels):
+        expr = f"&b{i} [{expr}, " + ", ".join([f"*b{i - 1}"] * 8) + "]"
+    return expr
+
+
+# An alias bomb, or an alias that refers to itself, at every field: refused in bounded time.
+BOMB_FIELDS = {
+    "name": ("name: bad", "name: {v}", "name"), "corpus": ("corpus: stdlib", "corpus: {v}", "data.corpus"),
+    "seq-len": ("seq_len: 32}", "seq_len: {v}}", "data.seq_len"), "steps": ("steps: 5", "steps: {v}", "train.steps"),
+    "batch-size": ("batch_size: 4", "batch_size: {v}", "train.batch_size"),
+    "eval-every": ("eval_every: 5", "eval_every: {v}", "train.eval_every"),
+    "eval-sequences": ("sequences: 2", "sequences: {v}", "train.eval_batch.sequences"),
+    "d-model": ("d_model: 32", "d_model: {v}", "grid.model[0].d_model"),
+    "n-layers": ("n_layers: 2", "n_layers: {v}", "grid.model[0].n_layers"),
+    "n-heads": ("n_heads: 2", "n_heads: {v}", "grid.model[0].n_heads"),
+    "optimizer-name": ("name: adam", "name: {v}", "grid.optimizer[0].name"),
+    "lr": ("lr: 1.0e-3", "lr: {v}", "grid.optimizer[0].lr"),
+    "momentum": ("momentum: 0.9", "momentum: {v}", "grid.optimizer[1].momentum"),
+    "model-list": (f"model: [{MODEL}]", "model: {v}", "grid.model"),
+    "norm": ("norm: [layernorm]", "norm: {v}", "grid.norm"), "rotation": ("rotation: [none]", "rotation: {v}", "grid.rotation"),
+    "seed": ("seed: [0]", "seed: {v}", "grid.seed"), "cpu": ("cpu: 1}", "cpu: {v}}", "resources.cpu"),
+    "retries": (RES, RES + "\nretries: {v}", "retries"),
+}
+CASES += [case(f"alias-bomb-{k}", {old: new.replace("{v}", _bomb())}, place, "aliases expand to more than 100,000 values")
+          for k, (old, new, place) in BOMB_FIELDS.items()]
+CASES += [case(f"alias-loop-{k}", {old: new.replace("{v}", "&r [1, *r]")}, place, "an alias refers to the list")
+          for k, (old, new, place) in list(BOMB_FIELDS.items())[:6] + [("seed", BOMB_FIELDS["seed"])]]
+CASES += [
+    case("alias-bomb-top-level", RES.join(BASE.split(RES)) + f"bomb: {_bomb()}\n", "bomb", "aliases expand"),
+    case("nested-too-deeply", {"seed: [0]": "seed: " + "[" * 3000 + "0" + "]" * 3000}, "invalid YAML", "nested too deeply"),
+]
+
+
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("data")
