@@ -16,8 +16,11 @@ from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Scaling-study sweeps: why residual streams grow basis-aligned outliers.")
-out = Console(width=None if sys.stdout.isatty() else 160)  # piped output keeps whole tables
-err = Console(stderr=True)
+# emoji off: a message quotes what the user wrote (`bpe:abc`, `my:fire:spec.yaml`) exactly as written;
+# markup in quoted text is escaped (q) where a message has markup of its own
+out = Console(width=None if sys.stdout.isatty() else 160, emoji=False)  # piped output keeps whole tables
+err = Console(stderr=True, emoji=False)
+q = escape
 
 SpecArg = Annotated[Path, typer.Argument(help="Sweep spec YAML (see specs/).", show_default=False)]
 ResultsOpt = Annotated[str, typer.Option("--results", "-r", help="Results root, a folder or s3:// / gs:// URI; "
@@ -104,7 +107,7 @@ def plan(
 
     spec, trials = load(spec_path, unprepared_ok=True)  # plan before `sweep data prepare` has run
     if unprepared(spec):
-        out.print(f"[yellow]note:[/] data.tokens {spec.data.tokens} is not prepared yet: sizes use its stated "
+        out.print(f"[yellow]note:[/] data.tokens {q(str(spec.data.tokens))} is not prepared yet: sizes use its stated "
                   f"vocab_size {spec.data.vocab_size}; `sweep run` refuses until it exists (see the spec's header)")
     store = open_store(results, spec.name)
     try:
@@ -135,7 +138,7 @@ def plan(
     unit = f"{est.device.removeprefix('NVIDIA ')}-hours" if gpu else "CPU-thread-hours"
     out.print(f"{done_n}/{len(trials)} done · {human(est.total_flops, 'FLOP')} in all · "
               f"~{duration(est.pending_s)} of trial time left · {est.pending_device_hours:,.0f} {unit} "
-              f"({est.basis}) · results: {store.uri}", highlight=False)
+              f"({est.basis}) · results: {q(store.uri)}", highlight=False)
     if est.extrapolating:
         out.print("[yellow]note:[/] extrapolating: run benchmarks/bench_throughput.py on the target device "
                   "(GPU: benchmarks/gpu_check.sh) to measure its row of sweep/throughput.json")
@@ -169,7 +172,7 @@ def run(
     def on_start(todo):
         skipped = len(trials) - len(todo)
         out.print(f"[bold]{spec.name}[/]: {len(trials)} trials, {skipped} already complete, {len(todo)} to run"
-                  f" → {folder}")
+                  f" → {q(folder)}")
         from sweep.progress import ProgressCallback
 
         return [ProgressCallback(todo, progress, sweep_trials=trials)] if todo else None
@@ -185,10 +188,10 @@ def run(
         line = line_in(spec_path, loc) if loc else None
         raise bad_input(f"{spec_path}: {exc}" + (f" (line {line})" if line else "") if loc else str(exc)) from None
     out.print(f"{outcome.launched} trials run, {outcome.skipped} skipped, in {duration(outcome.wall_s)}. "
-              f"Results: [bold]{folder}[/]")
+              f"Results: [bold]{q(folder)}[/]")
     if outcome.launched:
-        out.print(f"  sweep status {folder}\n  sweep report {folder}\n"
-                  f"  sweep query {folder} \"SELECT optimizer, avg(value) FROM metrics JOIN runs USING (trial_id) "
+        out.print(f"  sweep status {q(folder)}\n  sweep report {q(folder)}\n"
+                  f"  sweep query {q(folder)} \"SELECT optimizer, avg(value) FROM metrics JOIN runs USING (trial_id) "
                   "WHERE metric = 'kurtosis' AND site = 'resid' AND basis = 'stored' GROUP BY optimizer\"")
     bad = outcome.failed + outcome.missing
     if bad:
@@ -212,7 +215,7 @@ def status(
     store = ResultsStore(storage.parent(folder), storage.name(folder))
     st = store.status(verify=verify)
     runs = st.runs
-    table = Table(title=f"{store.sweep}: {runs.height} trials with a result")
+    table = Table(title=f"{q(store.sweep)}: {runs.height} trials with a result")
     table.add_column("status")
     table.add_column("trials", justify="right")
     for s, n in runs.group_by("status").len().sort("status").iter_rows():
@@ -223,7 +226,7 @@ def status(
     if st.lock is not None:
         why = SweepLock.stale(st.lock)
         out.print(f"run.lock: {'stale, ' + why if why else 'a run is in progress'} ({SweepLock.describe(st.lock)})",
-                  highlight=False)
+                  highlight=False, markup=False)
     from analysis.labels import trial_labels  # names what varies among the store's trials
 
     labels = {}
@@ -232,19 +235,19 @@ def status(
     for row in st.failed.iter_rows(named=True):
         line = (row["error"] or "").strip().splitlines()[-1:] or [f"at step {row['steps']}"]
         label = labels.get(row["trial_id"])
-        out.print(f"[red]{row['status']}[/] {row['trial_id']}" + (f" ({label})" if label else "") + f": {line[0]}",
+        out.print(f"[red]{row['status']}[/] {row['trial_id']}" + (f" ({q(label)})" if label else "") + f": {q(line[0])}",
                   highlight=False)
     for trial_id in st.unfinished:
         out.print(f"[yellow]started, no result[/] {trial_id}: running, or interrupted (`sweep run` re-runs it)",
                   highlight=False)
     for gap in st.gaps:
-        out.print(f"[red]incomplete rows[/] {gap}", highlight=False)
+        out.print(f"[red]incomplete rows[/] {q(gap)}", highlight=False)
     if verify and not st.gaps and not st.damaged:
         out.print(f"verified: every file readable, rows of {runs.filter(runs['status'] == 'done').height} done "
                   "trials cover their steps", highlight=False)
     if st.damaged:
         for table_name, name, reason in st.damaged:
-            err.print(f"[bold red]error:[/] {store.uri}/{table_name}/{name}: damaged Parquet file ({reason})",
+            err.print(f"[bold red]error:[/] {q(store.uri)}/{q(table_name)}/{q(name)}: damaged Parquet file ({q(reason)})",
                       highlight=False, soft_wrap=True)
         err.print("`sweep run` moves damaged files to quarantine/ and re-runs their trials", highlight=False)
         raise typer.Exit(2)
@@ -282,7 +285,7 @@ def train_one(
     m = cfg.model
     out.print(f"trial {cfg.trial_id}: d_model {m.d_model}, {m.n_layers} layers, {cfg.norm}, "
               f"{cfg.rotation.label}, {cfg.optimizer.name} lr {cfg.optimizer.lr:g}, seed {cfg.seed}; "
-              f"{human(cfg.params)} params, {cfg.total_steps} steps → {store.uri}")
+              f"{human(cfg.params)} params, {cfg.total_steps} steps → {q(store.uri)}")
     t0 = time.perf_counter()
 
     def show(info: dict) -> None:
@@ -293,7 +296,7 @@ def train_one(
 
     summary = train_trial(cfg, store, StoreSink(store, cfg.trial_id, on_progress=show))
     out.print(f"{summary.status}: val loss {summary.final_val_loss:.4f} after {summary.steps} steps "
-              f"in {duration(summary.wall_s)}. Results: [bold]{store.uri}[/]")
+              f"in {duration(summary.wall_s)}. Results: [bold]{q(store.uri)}[/]")
     if summary.status != "done":
         raise typer.Exit(1)
 
@@ -316,10 +319,10 @@ def report(
         raise bad_input(f"--format: unknown {', '.join(sorted(unknown))} (choose from svg, png, pdf, html)")
     folder = sweep_folder(results)
     try:
-        result = write_report(folder, out=out_dir, formats=fmts, on_progress=lambda m: out.print(f"  {m}"))
+        result = write_report(folder, out=out_dir, formats=fmts, on_progress=lambda m: out.print(f"  {m}", markup=False))
     except (ValueError, OSError) as exc:
         raise bad_input(str(exc).splitlines()[0]) from None
-    out.print(f"Report: [bold]{getattr(result, 'index', None) or out_dir or folder + '/report'}[/]")
+    out.print(f"Report: [bold]{q(str(getattr(result, 'index', None) or out_dir or folder + '/report'))}[/]")
 
 
 @app.command()
@@ -338,9 +341,9 @@ def query(
     from analysis.load import load as load_results
     from analysis.queries import sql as run_sql
 
-    folder = sweep_folder(results)
     if out_file is not None and not out_file.endswith((".csv", ".parquet")):
         raise bad_input(f"--out: {out_file} must end in .csv or .parquet")
+    folder = sweep_folder(results)
     try:
         frame = run_sql(load_results(folder), sql)
     except (pl.exceptions.PolarsError, ValueError, OSError) as exc:
@@ -355,7 +358,7 @@ def query(
                 f.write(buf.getvalue())
         except (OSError, ValueError) as exc:
             raise bad_input(f"--out: {out_file}: {str(exc).splitlines()[0]}") from None
-        out.print(f"{frame.height} rows → {out_file}")
+        out.print(f"{frame.height} rows → {out_file}", markup=False, highlight=False)
         return
     with pl.Config(tbl_rows=limit, tbl_cols=-1, tbl_width_chars=200, fmt_str_lengths=60):
         out.print(frame, highlight=False)
@@ -405,14 +408,14 @@ def data_prepare(
                                text_column=text_column, split=split,
                                workers=workers or auto_workers(tokenizer, os.cpu_count() or 1),
                                bpe_train_bytes=bpe_train_chars,
-                               force=force, on_progress=show, on_event=lambda m: progress.console.print(m))
+                               force=force, on_progress=show, on_event=lambda m: progress.console.print(m, markup=False, highlight=False))
         except PrepareError as exc:
             raise bad_input(str(exc)) from None
     s = manifest["splits"]
     out.print(f"{out_dir}: vocab {manifest['vocab_size']} ({manifest['dtype']}), train {s['train']['tokens']:,} "
               f"/ val {s['val']['tokens']:,} tokens from {human(manifest['source_bytes'], 'B')} in "
               f"{duration(time.perf_counter() - t0)}; fingerprint {manifest['fingerprint']}\n"
-              f"  use it with  data: {{tokens: {out_dir}}}", highlight=False)
+              f"  use it with  data: {{tokens: {out_dir}}}", highlight=False, markup=False)
 
 
 app.add_typer(data_app, name="data")

@@ -325,3 +325,46 @@ def test_a_spec_path_that_is_a_folder_or_missing(tmp_path):
     for path, place in ((tmp_path, "is a folder, not a spec file"), (tmp_path / "nope.yaml", "no such spec file")):
         result = CliRunner().invoke(app, ["plan", str(path), "--results", str(tmp_path / "results")])
         assert_refused(result.output, result.exit_code, tmp_path / "results", place, str(path))
+
+
+# ---- what a message quotes is printed as written: no emoji codes, no markup -----------------
+
+QUOTED = [":fire:", ":abc:", "[bold]", "[red]x[red]"]  # no "/": some are file names
+PLACES = {  # id -> (argv builder given the quoted text and tmp_path, spec edits or None)
+    "spec-path": (lambda w, t: ["plan", str(t / f"my{w}spec.yaml")], {"seq_len: 32": "seq_len: -1"}),
+    "missing-spec-path": (lambda w, t: ["plan", str(t / f"no{w}.yaml")], None),
+    "data-text": (lambda w, t: ["plan", "SPEC"], {DATA: "data: {text: '/no/{w}.txt', seq_len: 32}"}),
+    "data-tokens": (lambda w, t: ["plan", "SPEC"], {DATA: "data: {tokens: '/no/{w}.bin', vocab_size: 256, seq_len: 32}"}),
+    "name": (lambda w, t: ["plan", "SPEC"], {"name: bad": "name: '{w}'"}),
+    "optimizer-name": (lambda w, t: ["plan", "SPEC"], {"name: adam": "name: '{w}'"}),
+    "norm": (lambda w, t: ["plan", "SPEC"], {"norm: [layernorm]": "norm: ['{w}']"}),
+    "unknown-key": (lambda w, t: ["plan", "SPEC"], {RES: RES + "\n'{w}': 1"}),
+    "tokenizer": (lambda w, t: ["data", "prepare", str(t / "src.txt"), "--out", str(t / "o"), "--tokenizer", f"bpe{w}"], None),
+    "prepare-source": (lambda w, t: ["data", "prepare", str(t / f"no{w}.txt"), "--out", str(t / "o")], None),
+    "status-folder": (lambda w, t: ["status", str(t / f"no{w}")], None),
+    "report-folder": (lambda w, t: ["report", str(t / f"no{w}")], None),
+    "query-folder": (lambda w, t: ["query", str(t / f"no{w}"), "SELECT 1"], None),
+    "report-format": (lambda w, t: ["report", str(t / "nowhere"), "--format", f"svg,{w}"], None),
+    "query-out": (lambda w, t: ["query", str(t / "nowhere"), "SELECT 1", "--out", str(t / f"o{w}.txt")], None),
+}
+
+
+@pytest.mark.parametrize("written", QUOTED)
+@pytest.mark.parametrize("place", list(PLACES))
+def test_quoted_text_is_printed_exactly_as_written(tmp_path, data_dir, place, written):
+    argv_of, edits = PLACES[place]
+    (tmp_path / "src.txt").write_text("hello world\n" * 50)
+    argv = argv_of(written, tmp_path)
+    if edits is not None:
+        text = BASE
+        for old, new in edits.items():
+            text = text.replace(old, new.replace("{w}", written))
+        spec = Path(argv[1]) if argv[1] != "SPEC" else tmp_path / "spec.yaml"
+        spec.write_text(text)
+        argv[1] = str(spec)
+    results = tmp_path / "results"
+    result = CliRunner().invoke(app, argv + (["--results", str(results)] if argv[0] == "plan" else []))
+    assert result.exit_code == 2, result.output
+    assert written in result.output, result.output
+    assert "🔥" not in result.output and "Traceback" not in result.output
+    assert not results.exists()
