@@ -88,6 +88,15 @@ def open_store(results: str, sweep: str):
         raise bad_input(str(exc)) from None
 
 
+def refuse_writes_into_a_sweep(option: str, target: str | None, *, whole_folder: bool = False) -> None:
+    """Exit 2 when an output path lies inside a sweep's tables: only the store's writer writes there."""
+    from sweep.store import writes_into_a_sweep
+
+    why = writes_into_a_sweep(target, whole_folder=whole_folder) if target is not None else None
+    if why is not None:
+        raise bad_input(f"{option} {target}: {why}")
+
+
 # ---- plan ------------------------------------------------------------------------------------
 
 
@@ -318,6 +327,7 @@ def report(
     if unknown:
         raise bad_input(f"--format: unknown {', '.join(sorted(unknown))} (choose from svg, png, pdf, html)")
     folder = sweep_folder(results)
+    refuse_writes_into_a_sweep("--out", out_dir)
     try:
         result = write_report(folder, out=out_dir, formats=fmts, on_progress=lambda m: out.print(f"  {m}", markup=False))
     except (ValueError, OSError) as exc:
@@ -344,6 +354,7 @@ def query(
     if out_file is not None and not out_file.endswith((".csv", ".parquet")):
         raise bad_input(f"--out: {out_file} must end in .csv or .parquet")
     folder = sweep_folder(results)
+    refuse_writes_into_a_sweep("--out", out_file)
     try:
         frame = run_sql(load_results(folder), sql)
     except (pl.exceptions.PolarsError, ValueError, OSError) as exc:
@@ -391,6 +402,7 @@ def data_prepare(
 
     from sweep.prepare import PrepareError, auto_workers, prepare, source_bytes
 
+    refuse_writes_into_a_sweep("--out", str(out_dir), whole_folder=True)
     total = tokens or None
     progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TextColumn("{task.fields[tok]}"),
                         TimeElapsedColumn(), console=err, transient=True)  # the summary line replaces it

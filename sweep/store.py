@@ -253,6 +253,42 @@ class ResultsStore:
         return gaps
 
 
+STORE_FOLDERS = (*TABLES, "quarantine", "trials", "ray")
+"""A sweep folder's sub-folders that only the store's writer (`sweep run`, `sweep train`) writes."""
+
+
+def _is_sweep_folder(fs: pafs.FileSystem, folder: str) -> bool:
+    infos = fs.get_file_info([f"{folder}/{t}" for t in TABLES])
+    return any(i.type == pafs.FileType.Directory for i in infos)
+
+
+def writes_into_a_sweep(target: str | Path, *, whole_folder: bool = False) -> str | None:
+    """Why writing `target` (an output file or folder, path or URI) would write inside a sweep's
+    tables, or None when it would not. `whole_folder`: `target` is a folder the writer may
+    replace (`data prepare --force`), so it must not be a sweep folder or hold one either."""
+    try:
+        fs, path = storage.filesystem(storage.normalize(target))
+    except (OSError, ValueError):
+        return None  # unreachable: the writer's own error says so
+    parts = path.rstrip("/").split("/")
+    for i in range(len(parts) - 1, 0, -1):
+        folder, sub = "/".join(parts[:i]), parts[i]
+        if (sub in STORE_FOLDERS or sub == "run.lock") and folder and _is_sweep_folder(fs, folder):
+            return f"it is inside {folder}/{sub}/, a sweep's own folder that only `sweep run` writes"
+    if whole_folder:
+        here = path.rstrip("/") or "/"
+        if _is_sweep_folder(fs, here):
+            return f"it is a sweep's folder ({here}); choose a new folder"
+        try:
+            children = fs.get_file_info(pafs.FileSelector(here, allow_not_found=True))
+        except OSError:
+            return None
+        held = [c.path for c in children if c.type == pafs.FileType.Directory and _is_sweep_folder(fs, c.path)]
+        if held:
+            return f"it holds a sweep ({held[0]}); choose a new folder"
+    return None
+
+
 def _readable(store: ResultsStore, table: str) -> pl.DataFrame:
     """The readable files of a table (the damaged ones are reported separately)."""
     parts = []

@@ -368,3 +368,62 @@ def test_quoted_text_is_printed_exactly_as_written(tmp_path, data_dir, place, wr
     assert written in result.output, result.output
     assert "🔥" not in result.output and "Traceback" not in result.output
     assert not results.exists()
+
+
+# ---- no verb writes inside a sweep's tables except the store's writer ------------------------
+
+
+@pytest.fixture(scope="module")
+def a_sweep(tmp_path_factory):
+    sys.path.insert(0, str(Path(__file__).parent))
+    from synthetic_store import write_store
+
+    root = tmp_path_factory.mktemp("stored")
+    write_store(root, name="s", sizes=(32,), seeds=(0,), optimizers=("adam",), steps=(0, 10))
+    (root / "s" / "quarantine" / "metrics").mkdir(parents=True)
+    (root / "s" / "trials" / "t0").mkdir(parents=True)
+    return root / "s"
+
+
+def _tree(folder: Path) -> dict:
+    return {p.relative_to(folder).as_posix(): p.stat().st_size for p in sorted(folder.rglob("*"))}
+
+
+INTO = ["runs/evil.parquet", "metrics/evil.parquet", "curves/x.csv", "checks/deep/x.parquet", "quarantine/metrics/x.parquet",
+        "trials/t0/x.csv", "ray/x.parquet", "runs/new/x.csv"]
+VERBS = {
+    "query": lambda s, out: ["query", str(s), "SELECT * FROM runs", "--out", out],
+    "report": lambda s, out: ["report", str(s), "--out", out.rsplit(".", 1)[0], "--format", "svg"],
+    "data-prepare": lambda s, out: ["data", "prepare", str(s.parent / "src.txt"), "--out", out.rsplit(".", 1)[0]],
+}
+
+
+@pytest.mark.parametrize("verb", list(VERBS))
+@pytest.mark.parametrize("into", INTO)
+def test_no_verb_writes_into_a_sweeps_tables(a_sweep, verb, into):
+    (a_sweep.parent / "src.txt").write_text("hello world\n" * 500)
+    before = _tree(a_sweep)
+    target = str(a_sweep / into)
+    result = CliRunner().invoke(app, VERBS[verb](a_sweep, target))
+    assert result.exit_code == 2, result.output
+    assert "only `sweep run` writes" in result.output and "Traceback" not in result.output, result.output
+    assert _tree(a_sweep) == before
+
+
+@pytest.mark.parametrize("target", ["sweep", "root"])
+def test_data_prepare_force_never_replaces_a_sweep(a_sweep, target):
+    (a_sweep.parent / "src.txt").write_text("hello world\n" * 500)
+    before = _tree(a_sweep)
+    out = a_sweep if target == "sweep" else a_sweep.parent
+    result = CliRunner().invoke(app, ["data", "prepare", str(a_sweep.parent / "src.txt"), "--out", str(out), "--force"])
+    assert result.exit_code == 2, result.output
+    assert ("is a sweep's folder" if target == "sweep" else "holds a sweep") in result.output
+    assert _tree(a_sweep) == before
+
+
+def test_query_out_beside_the_tables_is_written(a_sweep, tmp_path):
+    """The refusal is about the tables: a file next to them (or anywhere else) is fine."""
+    out = tmp_path / "q" / "runs" / "copy.parquet"  # a folder named runs/ outside any sweep
+    result = CliRunner().invoke(app, ["query", str(a_sweep), "SELECT trial_id FROM runs", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.exists()
