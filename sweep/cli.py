@@ -97,6 +97,25 @@ def refuse_writes_into_a_sweep(option: str, target: str | None, *, whole_folder:
         raise bad_input(f"{option} {target}: {why}")
 
 
+def refuse_damage(folder: str, verb: str) -> None:
+    """Exit 2 naming every damaged file and every done trial whose rows do not cover its steps:
+    `verb` would otherwise read incomplete data as if it were whole."""
+    from analysis import storage
+    from sweep.store import DamagedFile, ResultsStore
+
+    store = ResultsStore(storage.parent(folder), storage.name(folder))
+    st = store.status()
+    problems = [f"{store.uri}/{table}/{name}: damaged Parquet file ({reason})" for table, name, reason in st.damaged]
+    if not problems:
+        try:
+            problems = [f"trial {t}: incomplete ({'; '.join(why)})" for t, why in store.gaps_by_trial(st.runs).items()]
+        except DamagedFile as exc:
+            problems = [str(exc)]
+    if problems:
+        raise bad_input(f"{verb}: {len(problems)} problem(s) in {store.uri}; `sweep run` moves damaged files and "
+                        f"incomplete trials to quarantine/ and re-runs them:\n" + "\n".join("  " + p for p in problems))
+
+
 # ---- plan ------------------------------------------------------------------------------------
 
 
@@ -328,6 +347,7 @@ def report(
         raise bad_input(f"--format: unknown {', '.join(sorted(unknown))} (choose from svg, png, pdf, html)")
     folder = sweep_folder(results)
     refuse_writes_into_a_sweep("--out", out_dir)
+    refuse_damage(folder, "report")
     try:
         result = write_report(folder, out=out_dir, formats=fmts, on_progress=lambda m: out.print(f"  {m}", markup=False))
     except (ValueError, OSError) as exc:

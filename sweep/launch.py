@@ -130,7 +130,7 @@ def run_sweep(
     lock = SweepLock(store)
     warning = lock.acquire()  # LockHeld (exit 2) when another run holds this sweep
     try:
-        notes = ([warning] if warning else []) + store.quarantine()
+        notes = ([warning] if warning else []) + store.quarantine() + store.quarantine_incomplete()
         for note in notes:
             print(f"warning: {note}", file=sys.stderr)
         return _run_locked(spec, trials, results, store, address, max_concurrent, num_cpus, on_start, t0, notes)

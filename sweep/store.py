@@ -142,20 +142,20 @@ class ResultsStore:
 
     # -- reading ------------------------------------------------------------------------
 
-    def _read_file(self, table: str, name: str) -> pa.Table:
+    def _read_file(self, table: str, name: str, columns: list[str] | None = None) -> pa.Table:
         path = f"{self.path}/{table}/{name}"
         try:
-            return pq.read_table(path, filesystem=self.fs, schema=ARROW[table])
+            return pq.read_table(path, filesystem=self.fs, schema=ARROW[table], columns=columns)
         except (OSError, pa.ArrowException) as exc:
             raise DamagedFile(f"{self.uri}/{table}/{name}: damaged Parquet file ({_first_line(exc)}); "
                               "`sweep run` moves it to quarantine/ and re-runs its trial") from None
 
-    def read(self, table: str) -> pl.DataFrame:
-        """The whole table; DamagedFile names the first file that cannot be read."""
+    def read(self, table: str, columns: list[str] | None = None) -> pl.DataFrame:
+        """The whole table (or those columns); DamagedFile names the first file that cannot be read."""
         names = self._list(table)
-        if not names:
-            return pl.DataFrame(schema=SCHEMAS[table])  # not from_arrow: that imports pandas, 0.15 s of `sweep plan`
-        return pl.from_arrow(pa.concat_tables([self._read_file(table, n) for n in names]))
+        if not names:  # not from_arrow: that imports pandas, 0.15 s of `sweep plan`
+            return pl.DataFrame(schema={k: v for k, v in SCHEMAS[table].items() if columns is None or k in columns})
+        return pl.from_arrow(pa.concat_tables([self._read_file(table, n, columns) for n in names]))
 
     def statuses(self) -> dict[str, str]:
         """trial_id -> status for every trial with a runs row."""
@@ -225,32 +225,59 @@ class ResultsStore:
     def row_gaps(self, runs: pl.DataFrame) -> list[str]:
         """For each finished trial: every eval step up to its last has metrics rows, every step has
         a curves row, and each eval step has as many metrics rows as the first one."""
-        gaps = []
         try:
-            metrics = self.read("metrics").group_by("trial_id", "step").len()
+            return [f"{t}: {why}" for t, whys in self.gaps_by_trial(runs).items() for why in whys]
         except DamagedFile as exc:
             return [str(exc)]
-        curve_steps = self.read("curves").select("trial_id", "step").unique()
-        for row in runs.filter(pl.col("status") == "done").iter_rows(named=True):
-            t, steps = row["trial_id"], row["steps"] or 0
+
+    def gaps_by_trial(self, runs: pl.DataFrame) -> dict[str, list[str]]:
+        """trial_id -> what its rows miss, for each done trial whose rows do not cover its steps
+        (see row_gaps). Reads only the trial_id and step columns; DamagedFile when a file is."""
+        gaps: dict[str, list[str]] = {}
+        done = runs.filter(pl.col("status") == "done")
+        if done.height == 0:
+            return gaps
+        metrics = self.read("metrics", ["trial_id", "step"]).group_by("trial_id", "step").len()
+        curve_steps = self.read("curves", ["trial_id", "step"]).unique()
+        for row in done.iter_rows(named=True):
+            t, steps, why = row["trial_id"], row["steps"] or 0, []
             m = metrics.filter(pl.col("trial_id") == t).sort("step")
             if m.height == 0:
-                gaps.append(f"{t}: no metrics rows")
+                why.append("no metrics rows")
             else:
                 # Every eval has the rows of the first (the final one may add end-of-run metrics).
                 short = m.filter(pl.col("len") < m["len"][0])["step"].to_list()
                 if short:
-                    gaps.append(f"{t}: metrics rows short at steps {short[:8]} (expected {m['len'][0]} per eval)")
+                    why.append(f"metrics rows short at steps {short[:8]} (expected {m['len'][0]} per eval)")
                 found = m["step"].to_list()
                 every = min((b - a for a, b in zip(found, found[1:])), default=steps or 1)
                 missing = sorted(set(range(found[0], steps + 1, every)) - set(found))
                 if missing or found[-1] != steps:
-                    gaps.append(f"{t}: no metrics rows at eval steps {(missing or [steps])[:8]}")
+                    why.append(f"no metrics rows at eval steps {(missing or [steps])[:8]}")
             have = set(curve_steps.filter(pl.col("trial_id") == t)["step"].to_list())
             lost = sorted(set(range(1, steps + 1)) - have)
             if lost:
-                gaps.append(f"{t}: curves miss {len(lost)} of {steps} steps (first {lost[0]})")
+                why.append(f"curves miss {len(lost)} of {steps} steps (first {lost[0]})")
+            if why:
+                gaps[t] = why
         return gaps
+
+    def quarantine_incomplete(self) -> list[str]:
+        """Move what is left of every done trial whose rows do not cover its steps (its runs row,
+        parts, checks and checkpoint) to quarantine/, so it runs again from the start. Call after
+        quarantine(): reads every file. Returns one line per trial."""
+        moved = []
+        for trial, why in self.gaps_by_trial(self.read("runs")).items():
+            for table in TABLES:
+                for name in self._list(table):
+                    if _trial_of(name) == trial:
+                        self._move_aside(f"{table}/{name}")
+            trial_dir = self.trial_dir(trial)
+            if trial_dir is not None and (trial_dir / "checkpoint.pt").exists():
+                self._move_aside(f"trials/{trial}/checkpoint.pt")
+            moved.append(f"{self.uri}: trial {trial} is incomplete ({'; '.join(why)}); moved what is left of it "
+                         f"to {self.uri}/quarantine/ and it will run again")
+        return moved
 
 
 STORE_FOLDERS = (*TABLES, "quarantine", "trials", "ray")

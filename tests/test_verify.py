@@ -159,3 +159,54 @@ def test_a_trial_failing_before_training_gets_its_failed_row_from_the_driver(tmp
     assert "the driver wrote its failed row" in result.output
     status = invoke("status", tmp_path / "smoke")
     assert status.exit_code == 1 and victim in status.output and "FileExistsError" in status.output
+
+
+def delete_a_metrics_part(sweep: Path) -> Path:
+    parts = sorted((sweep / "metrics").glob("*.parquet"))
+    parts[-1].unlink()  # the last eval's rows: every other file reads fine
+    return parts[-1]
+
+
+def test_a_trial_whose_rows_miss_an_eval_is_not_complete_and_goes_to_quarantine(sweep):
+    store = ResultsStore(sweep.parent, "smoke")
+    (trial,) = store.completed_ids()
+    delete_a_metrics_part(sweep)
+    assert store.gaps_by_trial(store.read("runs")) == {trial: ["no metrics rows at eval steps [30]"]}
+    left = {p.relative_to(sweep) for p in sweep.glob("*/*.parquet")}
+    moved = store.quarantine_incomplete()
+    assert len(moved) == 1 and trial in moved[0] and "no metrics rows at eval steps [30]" in moved[0]
+    assert store.completed_ids() == set()
+    assert not list(sweep.glob("*/*.parquet"))  # nothing of it left among the tables
+    assert {p.relative_to(sweep / "quarantine") for p in (sweep / "quarantine").glob("*/*.parquet")} == left  # never deleted
+    assert not (sweep / "trials" / trial / "checkpoint.pt").exists()  # the re-run starts from step 0
+    assert store.quarantine_incomplete() == []
+
+
+def test_report_refuses_a_sweep_with_an_incomplete_trial_and_names_it(sweep, tmp_path):
+    (trial,) = ResultsStore(sweep.parent, "smoke").completed_ids()
+    delete_a_metrics_part(sweep)
+    result = invoke("report", sweep, "--out", tmp_path / "report")
+    assert result.exit_code == 2, result.output
+    assert trial in result.output and "incomplete" in result.output and "sweep run" in result.output
+    assert not (tmp_path / "report").exists()
+
+
+@pytest.mark.slow
+def test_run_reruns_a_trial_whose_rows_miss_an_eval_to_the_same_rows(sweep, monkeypatch):
+    import ray
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    store = ResultsStore(sweep.parent, "smoke")
+    (trial,) = store.completed_ids()
+    keys = ["step", "layer", "site", "basis", "metric"]
+    before = store.read("metrics").filter(pl.col("trial_id") == trial).sort(keys)
+    delete_a_metrics_part(sweep)
+    try:
+        result = invoke("run", SMOKE, "--results", sweep.parent)
+    finally:
+        ray.shutdown()
+    assert result.exit_code == 0, result.output
+    assert f"trial {trial} is incomplete" in result.output and "0 already complete, 2 to run" in result.output
+    after = store.read("metrics").filter(pl.col("trial_id") == trial).sort(keys)
+    assert after.drop("value").equals(before.drop("value"))
+    assert invoke("status", sweep, "--verify").exit_code == 0
