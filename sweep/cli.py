@@ -97,6 +97,33 @@ def refuse_writes_into_a_sweep(option: str, target: str | None, *, whole_folder:
         raise bad_input(f"{option} {target}: {why}")
 
 
+def stored_runs(store):
+    """(the readable runs rows, trial_id -> "damaged" | "incomplete" for trials that `sweep run`
+    will re-run), naming each damaged file and incomplete trial on stderr."""
+    from sweep.store import DamagedFile, _trial_of
+
+    st = store.status() if store.exists() else None
+    if st is None:
+        from analysis.schema import SCHEMAS
+        import polars as pl
+
+        return pl.DataFrame(schema=SCHEMAS["runs"]), {}
+    damage = {_trial_of(name): "damaged" for _, name, _ in st.damaged}
+    lines = [f"{store.uri}/{table}/{name}: damaged Parquet file ({reason})" for table, name, reason in st.damaged]
+    try:
+        gaps = store.gaps_by_trial(st.runs) if not st.damaged else {}
+    except DamagedFile:
+        gaps = {}
+    damage.update({t: "incomplete" for t in gaps})
+    lines += [f"trial {t}: incomplete ({'; '.join(why)})" for t, why in gaps.items()]
+    for line in lines:
+        err.print(f"[yellow]warning:[/] {q(line)}", highlight=False, soft_wrap=True)
+    if lines:
+        err.print("`sweep run` moves damaged files and incomplete trials to quarantine/ and re-runs them",
+                  highlight=False)
+    return st.runs, damage
+
+
 def refuse_damage(folder: str, verb: str) -> None:
     """Exit 2 naming every damaged file and every done trial whose rows do not cover its steps:
     `verb` would otherwise read incomplete data as if it were whole."""
@@ -129,7 +156,6 @@ def plan(
 ) -> None:
     """List the grid: trial ids, shapes, parameters, tokens, FLOPs, estimated time, done or not."""
     from analysis.schema import FINISHED
-    from analysis.storage import StorageError
     from sweep.estimate import estimate, measured_flops_per_s
     from sweep.spec import unprepared
 
@@ -138,11 +164,9 @@ def plan(
         out.print(f"[yellow]note:[/] data.tokens {q(str(spec.data.tokens))} is not prepared yet: sizes use its stated "
                   f"vocab_size {spec.data.vocab_size}; `sweep run` refuses until it exists (see the spec's header)")
     store = open_store(results, spec.name)
-    try:
-        runs = store.read("runs")  # once: statuses and measured throughput both come from it
-    except StorageError as exc:  # a damaged runs file, named
-        raise bad_input(str(exc)) from None
+    runs, damage = stored_runs(store)  # once: statuses and measured throughput both come from it
     statuses = dict(zip(runs["trial_id"].to_list(), runs["status"].to_list()))
+    statuses.update(damage)
     gpu = spec.resources.gpu > 0 or any(o.gpu > 0 for o in spec.resources.by_size) or spec.device.startswith("cuda")
     try:
         est = estimate(trials, spec.resources.for_params, statuses, measured_flops_per_s(runs), gpu, device)

@@ -210,3 +210,25 @@ def test_run_reruns_a_trial_whose_rows_miss_an_eval_to_the_same_rows(sweep, monk
     after = store.read("metrics").filter(pl.col("trial_id") == trial).sort(keys)
     assert after.drop("value").equals(before.drop("value"))
     assert invoke("status", sweep, "--verify").exit_code == 0
+
+
+@pytest.mark.parametrize("damage", ["cut-metrics", "cut-runs", "cut-curves", "deleted-metrics"])
+def test_every_verb_that_reads_the_store_names_damage(sweep, damage):
+    """plan warns and counts the trial as not done; status, verify, query and report refuse."""
+    (trial,) = ResultsStore(sweep.parent, "smoke").completed_ids()
+    if damage.startswith("cut"):
+        named = cut_in_half(sweep, damage.split("-")[1]).name
+    else:
+        delete_a_metrics_part(sweep)
+        named = f"trial {trial}: incomplete"
+    plan = invoke("plan", SMOKE, "--results", sweep.parent)
+    assert plan.exit_code == 0, plan.output
+    assert named in plan.output and "0/2 done" in plan.output, plan.output
+    assert ("damaged" if damage.startswith("cut") else "incomplete") in plan.output.split(trial, 1)[1].split("\n")[0]
+    verbs = [["verify", sweep], ["report", sweep], ["status", sweep, "--verify"]]
+    if damage.startswith("cut"):  # a readable but incomplete store is a fair thing to query
+        verbs += [["status", sweep], ["query", sweep, "SELECT count(*) FROM runs"]]
+    for args in verbs:
+        result = invoke(*args)
+        assert result.exit_code in (1, 2), (args, result.output)
+        assert (named if damage.startswith("cut") else trial) in result.output, (args, result.output)
