@@ -76,11 +76,76 @@ def _init_ray(address: str | None, num_cpus: int | None):
         ray.init(address=address, log_to_driver=False, configure_logging=False, runtime_env=runtime_env)
     else:  # a private local Ray: every service on loopback, no dashboard
         _loopback_only()
+        _start_watchdog()  # before Ray starts: it records Ray's processes from their first moment
         # address="local": a new private instance, never a cluster someone else started here.
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, dashboard_host="127.0.0.1",
                  _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False,
                  runtime_env=runtime_env)
     return ray
+
+
+# The driver's local Ray goes with the driver, whatever kills it (SIGKILL included). Ray binds
+# its own children (raylet, gcs_server) to the driver with PR_SET_PDEATHSIG, but the raylet's
+# children (ray::DashboardAgent, ray::RuntimeEnvAgent, idle workers) notice the raylet's death
+# only after a ~60 s health check. This watchdog, a child of the driver in a session of its own
+# (a Ctrl-C to the terminal's group does not take it first), records the driver's descendants
+# every 0.2 s; when the driver is gone (its parent pid changes) it SIGKILLs each recorded process
+# still alive (checked by its start time: never a reused pid), and their descendants, then exits.
+_WATCHDOG = r"""
+import os, signal, sys, time
+driver, me = int(sys.argv[1]), os.getpid()
+
+def table():
+    kids, start = {}, {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        kids.setdefault(int(fields[1]), []).append(int(d))
+        start[int(d)] = fields[19]
+    return kids, start
+
+def below(roots, kids):
+    out, stack = set(), list(roots)
+    while stack:
+        for pid in kids.get(stack.pop(), ()):
+            if pid not in out and pid != me:
+                out.add(pid)
+                stack.append(pid)
+    return out
+
+seen = {}
+while os.getppid() == driver:
+    kids, start = table()
+    seen.update({pid: start[pid] for pid in below([driver], kids) if pid in start})
+    time.sleep(0.2)
+for _ in range(3):  # what the dying processes started meanwhile goes too
+    kids, start = table()
+    alive = {pid for pid, t in seen.items() if start.get(pid) == t}
+    seen.update({pid: start[pid] for pid in below(alive, kids) if pid in start})
+    for pid in alive | below(alive, kids):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    time.sleep(0.2)
+"""
+_watchdog = None
+
+
+def _start_watchdog() -> None:
+    """Start the watchdog above (once per driver process; Linux only: it reads /proc)."""
+    global _watchdog
+    import subprocess
+
+    if _watchdog is not None or not sys.platform.startswith("linux"):
+        return
+    _watchdog = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid())], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
 def _ray_initialized() -> bool:

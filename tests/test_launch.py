@@ -200,3 +200,86 @@ def test_a_local_ray_listens_on_loopback_only_and_dies_with_its_driver(tmp_path)
                 p.kill()
         if proc.poll() is None:
             proc.kill()
+
+
+def _descendants(root: int) -> dict[int, str]:
+    """pid -> command line of every live descendant of `root` (from /proc)."""
+    import os
+
+    kids = {}
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                kids.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(d))
+        except OSError:
+            pass
+    out, stack = {}, [root]
+    while stack:
+        for pid in kids.get(stack.pop(), ()):
+            out[pid] = _cmdline(pid)
+            stack.append(pid)
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_a_sigkilled_driver_takes_its_local_ray_with_it(tmp_path):
+    """SIGKILL a real `sweep run` once its Ray agents are up: every process it started, by pid,
+    is gone within 10 s (Ray's own health checks took ~63 s)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import yaml
+
+    spec = dict(SPEC, name="orphans", train=dict(SPEC["train"], steps=2000, eval_every=1000, checkpoint_every=1000))
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = str(Path(__file__).parent.parent)
+    driver = subprocess.Popen([sys.executable, "-m", "sweep.cli", "run", str(tmp_path / "spec.yaml"), "--results",
+                               str(tmp_path / "results")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env=env, start_new_session=True)
+    started = {}
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and driver.poll() is None:
+            started.update(_descendants(driver.pid))
+            if any("RuntimeEnvAgent" in c or "DashboardAgent" in c for c in started.values()) and \
+                    any("raylet" in c for c in started.values()):
+                break
+            time.sleep(0.5)
+        assert driver.poll() is None, "the driver ended before its Ray was up"
+        time.sleep(3)
+        started.update(_descendants(driver.pid))
+        assert any("Agent" in c for c in started.values()), started
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait()
+        killed_at = time.time()
+        while time.time() < killed_at + 10 and any(_alive(p) for p in started):
+            time.sleep(0.2)
+        left = {p: c[:80] for p, c in started.items() if _alive(p)}
+        assert not left, f"still alive {time.time() - killed_at:.0f} s after the driver's SIGKILL: {left}"
+    finally:
+        for pid in started:  # on failure: stop what this test started, by pid
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if driver.poll() is None:
+            driver.kill()
