@@ -4,6 +4,7 @@ diverged, 2 bad input (a message, no traceback, nothing written)."""
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from pathlib import Path
@@ -34,6 +35,16 @@ def bad_input(message: str) -> typer.Exit:
     # escape: a message quotes what the user wrote ("[data]", "lr: [0.1, 0.3]"), never markup
     err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(2)
+
+
+def reason(exc: BaseException) -> str:
+    """An error's first line, whole; when it ends in ':' (polars: "statement type is not
+    supported:") the start of the next line says what."""
+    lines = [l.strip() for l in str(exc).strip().splitlines() if l.strip()] or [type(exc).__name__]
+    if lines[0].endswith(":") and len(lines) > 1:
+        detail = re.split(r"[\s({]", lines[1], maxsplit=1)[0]
+        return f"{lines[0]} {detail}"
+    return lines[0]
 
 
 def load(spec_path: Path, *, unprepared_ok: bool = False):
@@ -223,7 +234,13 @@ def run(
 
     def on_start(todo):
         skipped = len(trials) - len(todo)
-        out.print(f"[bold]{spec.name}[/]: {len(trials)} trials, {skipped} already complete, {len(todo)} to run"
+        from sweep.store import ResultsStore
+
+        statuses, running = ResultsStore(results, spec.name).statuses(), {t.trial_id for t in todo}
+        diverged = [t.trial_id for t in trials if statuses.get(t.trial_id) == "diverged" and t.trial_id not in running]
+        note = (f" ({len(diverged)} of them diverged: {', '.join(diverged[:5])}{' ...' if len(diverged) > 5 else ''};"
+                " `sweep status` shows where)") if diverged else ""
+        out.print(f"[bold]{spec.name}[/]: {len(trials)} trials, {skipped} already complete{note}, {len(todo)} to run"
                   f" → {q(folder)}")
         from sweep.progress import ProgressCallback
 
@@ -367,6 +384,8 @@ def report(
 
     fmts = tuple(f.strip() for f in formats.split(",") if f.strip())
     unknown = set(fmts) - {"svg", "png", "pdf", "html"}
+    if not fmts:
+        raise bad_input(f"--format {formats!r}: names no format (choose from svg, png, pdf, html)")
     if unknown:
         raise bad_input(f"--format: unknown {', '.join(sorted(unknown))} (choose from svg, png, pdf, html)")
     folder = sweep_folder(results)
@@ -402,7 +421,7 @@ def query(
     try:
         frame = run_sql(load_results(folder), sql)
     except (pl.exceptions.PolarsError, ValueError, OSError) as exc:
-        raise bad_input(f"query: {str(exc).splitlines()[0]}") from None
+        raise bad_input(f"query: {reason(exc)}") from None
     if out_file is not None:
         buf = io.BytesIO()
         frame.write_csv(buf) if out_file.endswith(".csv") else frame.write_parquet(buf)

@@ -207,17 +207,16 @@ def _run_locked(spec, trials, results, store, address, max_concurrent, num_cpus,
     done = store.completed_ids()
     # Largest first: the long trials start early and the small ones fill the gaps at the end.
     todo = sorted((t for t in trials if t.trial_id not in done), key=lambda t: -t.flops_per_token * t.total_tokens)
-    callbacks = on_start(todo) if on_start is not None else None
-    if not todo:
-        return SweepOutcome(len(trials), len(trials), 0, {}, time.perf_counter() - t0, tuple(notes))
-
     demands = {t.trial_id: spec.resources.for_params(t.params) for t in todo}
-    if not (address or os.environ.get("RAY_ADDRESS")) and not _ray_initialized():
-        # A local Ray gets this machine: refuse what it cannot hold before starting anything.
+    if todo and not (address or os.environ.get("RAY_ADDRESS")) and not _ray_initialized():
+        # A local Ray gets this machine: refuse what it cannot hold before printing or starting anything.
         import torch
 
         local = {"CPU": float(num_cpus or os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}
         _check_against(local, demands, "this machine has")
+    callbacks = on_start(todo) if on_start is not None else None
+    if not todo:
+        return SweepOutcome(len(trials), len(trials), 0, {}, time.perf_counter() - t0, tuple(notes))
     ray = _init_ray(address, num_cpus)
     from ray import tune
 

@@ -140,8 +140,44 @@ def iter_documents(source: str, text_column: str = "text", split: str = "train")
     files = sorted(f for f in p.rglob("*") if f.is_file() and not _hidden(f.relative_to(p)))
     if not files:
         raise PrepareError(f"{source}: folder holds no files")
+    files, skipped = _text_files(files)
+    if not files:
+        raise PrepareError(f"{source}: folder holds no text files ({_skipped_names(skipped, p)} not text)")
     for f in files:
         yield from _iter_file(f, f.relative_to(p).as_posix(), text_column, whole_file_key=True)
+
+
+def _not_text(path: Path) -> str | None:
+    """Why a plain-text source file is binary (a NUL byte, or mostly not UTF-8 in its first 8 KiB),
+    or None for text (a stray bad byte in a text file is decoded as U+FFFD, as before)."""
+    if path.suffix.lower() in (".jsonl", ".json", ".parquet"):
+        return None
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(8192)
+    except OSError as exc:
+        return f"cannot read: {exc.strerror or exc}"
+    nul = head.find(b"\0")
+    if nul >= 0:
+        return f"a NUL byte at offset {nul}"
+    text = head.decode("utf-8", "replace")
+    bad = text.count("\ufffd") - (1 if len(head) == 8192 else 0)  # the last character may be cut in two
+    if bad > len(text) // 10:
+        return f"{bad} of its first {len(text)} characters are not UTF-8"
+    return None
+
+
+def _text_files(files: list[Path]) -> tuple[list[Path], list[Path]]:
+    """(text files, binary files) of a folder source."""
+    text, binary = [], []
+    for f in files:
+        (binary if _not_text(f) is not None else text).append(f)
+    return text, binary
+
+
+def _skipped_names(skipped: list[Path], folder: Path) -> str:
+    names = ", ".join(f.relative_to(folder).as_posix() for f in skipped[:5])
+    return f"{len(skipped)} file(s): {names}" + (f" and {len(skipped) - 5} more" if len(skipped) > 5 else "")
 
 
 def _iter_file(path: Path, rel: str, column: str, whole_file_key: bool) -> Iterator[Doc]:
@@ -153,8 +189,12 @@ def _iter_file(path: Path, rel: str, column: str, whole_file_key: bool) -> Itera
                     continue
                 try:
                     row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise PrepareError(f"{path}:{lineno}: not a JSON line ({e.msg})") from None
+                except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                    reason = f"{e.msg.removesuffix(' at')} at column {e.colno}" if isinstance(e, json.JSONDecodeError) else \
+                        f"not UTF-8 at byte {e.start + 1}"
+                    shown = line.decode("utf-8", "replace").rstrip("\r\n")
+                    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+                    raise PrepareError(f"{path}:{lineno}: not a JSON line ({reason}): {shown!r}") from None
                 text = row.get(column) if isinstance(row, dict) else None
                 if not isinstance(text, str):
                     raise PrepareError(f"{path}:{lineno}: no text column {column!r} (pass --text-column)")
@@ -170,6 +210,9 @@ def _iter_file(path: Path, rel: str, column: str, whole_file_key: bool) -> Itera
                 if text:
                     yield Doc(text, text)
     else:  # plain text: chunks cut at a newline; in a folder the file is the document
+        why = _not_text(path)
+        if why is not None:  # a folder's binary files were skipped before this
+            raise PrepareError(f"{path}: not text ({why}); give a text, .jsonl or .parquet file, or a folder of them")
         with path.open("rb") as fh:
             carry = b""
             while True:
@@ -244,14 +287,21 @@ class TokenizerSpec:
         m = re.fullmatch(r"bpe:(\d+)", text)
         if m:
             n = int(m.group(1))
-            if not 257 <= n <= 1 << 32:
+            if n < 257:
                 raise PrepareError(f"--tokenizer {text}: a byte-level BPE needs N >= 257 (256 bytes + end-of-text)")
+            if n > 1 << 32:
+                raise PrepareError(f"--tokenizer {text}: N must be at most 2**32 = {1 << 32} (token ids are stored "
+                                   "as uint32)")
             return cls("bpe", vocab_size=n)
         p = Path(text).expanduser()
         if p.is_dir():
             p = p / TOKENIZER_FILE
         if p.is_file():
             return cls("file", path=p.resolve())
+        if p.name == TOKENIZER_FILE or p.suffix == ".json" or "/" in text:
+            where = "folder holds no tokenizer.json" if p.parent.is_dir() and p.name == TOKENIZER_FILE and \
+                Path(text).expanduser().is_dir() else "no such file"
+            raise PrepareError(f"--tokenizer {text}: {where} (expected bytes, bpe:N or a tokenizer.json path)")
         raise PrepareError(f"--tokenizer {text}: expected bytes, bpe:N or a tokenizer.json path")
 
 
@@ -499,6 +549,11 @@ def prepare(
         _hub_dataset(hub[0], hub[1], split)
     elif not Path(source).expanduser().exists():
         raise PrepareError(f"{source}: no such file or folder (a Hugging Face dataset is hf:NAME[:CONFIG])")
+    folder = Path(source).expanduser()
+    if hub is None and folder.is_dir() and not _is_saved_dataset(folder):
+        skipped = _text_files(sorted(f for f in folder.rglob("*") if f.is_file() and not _hidden(f.relative_to(folder))))[1]
+        if skipped:
+            on_event(f"skipped {_skipped_names(skipped, folder)}: not text")
     first_docs = iter_documents(source, text_column, split)
     first = next(first_docs, None)  # surfaces a missing column or an empty source before any write
     if first is None:
@@ -566,6 +621,10 @@ def _tokenizer(spec: TokenizerSpec, source, text_column, split, tmp: Path, bpe_t
     info = {"kind": spec.kind, "file": TOKENIZER_FILE, "sha256": hashlib.sha256(target.read_bytes()).hexdigest(),
             "requested_vocab_size": spec.vocab_size, "from": str(spec.path) if spec.path else None,
             "trained_on_characters": bpe_train_bytes if spec.kind == "bpe" else None}
+    if spec.kind == "bpe" and tok.get_vocab_size() < spec.vocab_size:  # BPE ran out of pairs to merge
+        on_event(f"note: --tokenizer bpe:{spec.vocab_size} gave {tok.get_vocab_size()} ids: the text it trained on "
+                 f"(up to {bpe_train_bytes:,} characters) has no more pairs to merge; vocab_size is "
+                 f"{tok.get_vocab_size()}")
     return info, tok.get_vocab_size(), eot, str(target)
 
 

@@ -30,6 +30,8 @@ MAX_TRIAL_SECONDS = 365 * 86400
 """Estimated duration above which a trial is refused (a year)."""
 FASTEST_FLOP_S = 1e15
 """An optimistic sustained rate for one trial (1 PFLOP/s) for that estimate ..."""
+MAX_GPUS_PER_TRIAL = 16
+"""A trial runs on one node, and the largest nodes hold 8 (HGX) to 16 GPUs."""
 MIN_STEP_S = 1e-4
 """... and an optimistic floor on one optimiser step's wall time (0.1 ms)."""
 
@@ -216,6 +218,8 @@ class Resources(_Spec):
         for loc, g in [("gpu", self.gpu)] + [(("by_size", i, "gpu"), o.gpu) for i, o in enumerate(self.by_size)]:
             if g > 1 and g != int(g):
                 raise FieldError(loc, f"gpu above 1 must be a whole number, got {g}")
+            if g > MAX_GPUS_PER_TRIAL:  # one trial runs on one node: plan would price a trial nothing runs
+                raise FieldError(loc, f"a trial runs on one node: at most {MAX_GPUS_PER_TRIAL} GPUs, got {g:g}")
         return self
 
     @property
@@ -590,16 +594,40 @@ def load_spec(path: str | Path, *, unprepared_ok: bool = False) -> SweepSpec:
     except RecursionError:
         raise SpecError(f"{path}: invalid YAML: nested too deeply; a spec needs a few levels") from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise SpecError(f"{path}:{where}: invalid YAML: {problem}") from None
+        raise SpecError(f"{path}: {_yaml_problem(exc, text)}") from None
     finally:
         loader.dispose()
+    if not isinstance(data, dict):
+        shown = "an empty file" if data is None else f"a {type(data).__name__}: {_first_text(text)}"
+        raise SpecError(f"{path}: expected a mapping (name:, train:, grid:, ...) at the top level, got {shown}")
     try:
         return parse_spec(data, root, str(path), unprepared_ok=unprepared_ok)
     except SpecError as exc:
         raise SpecError(f"{path}:\n" + "\n".join("  " + l for l in str(exc).splitlines())) from None
+
+
+def _first_text(text: str) -> str:
+    """The first line that holds something, quoted (a spec that is not a mapping shows what it is)."""
+    line = next((l.strip() for l in text.splitlines() if l.strip() and not l.lstrip().startswith("#")), "")
+    return repr(line if len(line) <= 60 else line[:57] + "...")
+
+
+def _yaml_problem(exc: yaml.YAMLError, text: str) -> str:
+    """`line L, column C: invalid YAML: <problem>: '<the line as written>'`. An unclosed [ or {
+    is reported where it opens, not on the line where the parser gave up."""
+    mark, context = getattr(exc, "problem_mark", None), getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    what = getattr(exc, "context", None) or ""
+    if context is not None and mark is not None and "flow" in what and context.line != mark.line:
+        opener = "[" if "sequence" in what else "{"
+        problem = f"the {opener} here is not closed ({problem} on line {mark.line + 1})"
+        mark = context
+    if mark is None:
+        return f"invalid YAML: {problem}"
+    lines = text.splitlines()
+    shown = lines[mark.line].strip() if mark.line < len(lines) else ""
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return f"line {mark.line + 1}, column {mark.column + 1}: invalid YAML: {problem}" + (f": {shown!r}" if shown else "")
 
 
 # ---- grid points -----------------------------------------------------------------------------

@@ -219,7 +219,7 @@ class ResultsStore:
         damaged = self.damaged()
         runs = self.read("runs") if not any(t == "runs" for t, _, _ in damaged) else _readable(self, "runs")
         unfinished = sorted(self.started_ids() - set(runs["trial_id"].to_list()))
-        gaps = self.row_gaps(runs) if verify else []
+        gaps = self.row_gaps(runs) if verify and not damaged else []  # a damaged file is named once, above
         return StoreStatus(runs, unfinished, damaged, SweepLock(self).holder(), gaps)
 
     def row_gaps(self, runs: pl.DataFrame) -> list[str]:

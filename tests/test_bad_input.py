@@ -41,12 +41,17 @@ def case(id, edits, place, value=None):
 CASES = [
     # the file itself
     case("not-utf8", b"name: bad\xff\n", "not UTF-8", "0xff"),
-    case("yaml-syntax", "name: bad\ngrid: a: b\n", "line 2", "invalid YAML"),
+    case("yaml-syntax", "name: bad\ngrid: a: b\n", "line 2", "invalid YAML: mapping values are not allowed here: 'grid: a: b'"),
+    case("unclosed-bracket", "name: bad\ngrid: [1, 2\ntrain: 3\n", "line 2, column 7",
+         "the [ here is not closed (expected ',' or ']', but got ':' on line 3): 'grid: [1, 2'"),
+    case("unclosed-brace", "name: bad\ngrid: {a: 1,\n  b: 2\ntrain: 3\n", "line 2, column 7", "the { here is not closed"),
+    case("tab-indent", "name: bad\ngrid:\n\tmodel: 1\n", "line 3", "invalid YAML"),
     case("duplicate-key", {"name: bad\n": "name: bad\nname: other\n"}, "line 2", "duplicate key 'name'"),
     case("duplicate-nested-key", {"steps: 5,": "steps: 5, steps: 6,"}, "line 3", "duplicate key 'steps'"),
     case("empty-file", "", "expected a mapping", "got an empty file"),
-    case("top-level-list", "- a\n- b\n", "expected a mapping", "got list"),
-    case("top-level-scalar", "hello\n", "expected a mapping", "got str"),
+    case("top-level-list", "- a\n- b\n", "expected a mapping", "got a list: '- a'"),
+    case("top-level-scalar", "hello\n", "expected a mapping", "got a str: 'hello'"),
+    case("top-level-number", "# a comment\n42\n", "expected a mapping", "got a int: '42'"),
     # top level
     case("unknown-top-key", {RES: RES + "\nnmae: x"}, "nmae: unknown key", "(line 11)"),
     case("name-pattern", {"name: bad": "name: bad/evil"}, "name: String should match pattern", "got 'bad/evil'"),
@@ -198,6 +203,10 @@ CASES = [
          "got 1.5"),
     case("by-size-negative", {RES: "resources: {cpu: 1, by_size: [{min_params: -1, cpu: 2}]}"},
          "resources.by_size[0].min_params:", "got -1"),
+    case("gpu-1000", {RES: "resources: {cpu: 1, gpu: 1000}"}, "resources.gpu: a trial runs on one node: at most 16 GPUs",
+         "got 1000"),
+    case("by-size-gpu-1000", {RES: "resources: {cpu: 1, by_size: [{min_params: 10, cpu: 1, gpu: 1000}]}"},
+         "resources.by_size[0].gpu: a trial runs on one node", "got 1000"),
     case("resources-unknown-key", {RES: "resources: {cpu: 1, memory: 4}"}, "resources.memory: unknown key", "(line 10)"),
 ]
 
@@ -427,3 +436,85 @@ def test_query_out_beside_the_tables_is_written(a_sweep, tmp_path):
     result = CliRunner().invoke(app, ["query", str(a_sweep), "SELECT trial_id FROM runs", "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert out.exists()
+
+
+# ---- bad input to the other verbs: data prepare, query, report, status ----------------------
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    import shutil
+
+    d = tmp_path_factory.mktemp("inputs")
+    (d / "src.txt").write_text("hello world, the quick brown fox\n" * 300)
+    (d / "bins").mkdir()
+    for name in ("ls", "cat"):
+        shutil.copy(f"/bin/{name}", d / "bins" / name)
+    shutil.copy("/bin/ls", d / "ls.txt")  # a binary with a text name
+    (d / "bad.jsonl").write_text('{"text": "fine"}\n{"text": "a\tb"}\n')
+    (d / "bad2.jsonl").write_text('{oops\n')
+    (d / "nocol.jsonl").write_text('{"body": "x"}\n')
+    (d / "latin1.jsonl").write_bytes(b'{"text": "caf\xe9"}\n')
+    (d / "not_tokenizer.json").write_text("[1, 2]")
+    (d / "empty_dir").mkdir()
+    return d
+
+
+PREPARE = ["data", "prepare"]
+CLI_CASES = {  # id -> (argv given the input folder, what the message must say)
+    "bpe-beyond-uint32": (lambda d: PREPARE + [f"{d}/src.txt", "--tokenizer", "bpe:99999999999999999999"],
+                          ["bpe:99999999999999999999", "at most 2**32"]),
+    "bpe-too-small": (lambda d: PREPARE + [f"{d}/src.txt", "--tokenizer", "bpe:10"], ["N >= 257"]),
+    "bpe-zero": (lambda d: PREPARE + [f"{d}/src.txt", "--tokenizer", "bpe:0"], ["N >= 257"]),
+    "bpe-negative": (lambda d: PREPARE + [f"{d}/src.txt", "--tokenizer", "bpe:-5"], ["expected bytes, bpe:N"]),
+    "tokenizer-missing-file": (lambda d: PREPARE + [f"{d}/src.txt", "--tokenizer", "/nope/tokenizer.json"],
+                               ["/nope/tokenizer.json: no such file"]),
+    "tokenizer-missing-json": (lambda d: PREPARE + [f"{d}/src.txt", "--tokenizer", "my_tok.json"], ["my_tok.json: no such file"]),
+    "tokenizer-folder-without-one": (lambda d: PREPARE + [f"{d}/src.txt", "--tokenizer", f"{d}/empty_dir"],
+                                     ["folder holds no tokenizer.json"]),
+    "tokenizer-not-a-tokenizer": (lambda d: PREPARE + [f"{d}/src.txt", "--tokenizer", f"{d}/not_tokenizer.json"],
+                                  ["not a tokenizers JSON file"]),
+    "tokenizer-unknown-word": (lambda d: PREPARE + [f"{d}/src.txt", "--tokenizer", "gpt2"], ["--tokenizer gpt2: expected bytes"]),
+    "jsonl-control-character": (lambda d: PREPARE + [f"{d}/bad.jsonl"],
+                                ["bad.jsonl:2: not a JSON line (Invalid control character at column 12)", "'{\"text\": \"a\\tb\"}'"]),
+    "jsonl-not-json": (lambda d: PREPARE + [f"{d}/bad2.jsonl"], ["bad2.jsonl:1: not a JSON line", "'{oops'"]),
+    "jsonl-no-text-column": (lambda d: PREPARE + [f"{d}/nocol.jsonl"], ["nocol.jsonl:1: no text column 'text'"]),
+    "jsonl-not-utf8": (lambda d: PREPARE + [f"{d}/latin1.jsonl"], ["latin1.jsonl:1: not a JSON line"]),
+    "binary-folder": (lambda d: PREPARE + [f"{d}/bins"], ["folder holds no text files", "2 file(s): cat, ls not text"]),
+    "binary-file": (lambda d: PREPARE + [f"{d}/ls.txt"], ["ls.txt: not text (a NUL byte at offset"]),
+    "prepare-missing-source": (lambda d: PREPARE + [f"{d}/nope.txt"], ["nope.txt: no such file or folder"]),
+    "prepare-empty-folder": (lambda d: PREPARE + [f"{d}/empty_dir"], ["folder holds no files"]),
+    "val-fraction-zero": (lambda d: PREPARE + [f"{d}/src.txt", "--val-fraction", "0"], ["--val-fraction 0.0: must lie in (0, 1)"]),
+    "val-fraction-one": (lambda d: PREPARE + [f"{d}/src.txt", "--val-fraction", "1"], ["must lie in (0, 1)"]),
+    "tokens-zero": (lambda d: PREPARE + [f"{d}/src.txt", "--tokens", "0"], ["--tokens 0: must be > 0"]),
+    "query-copy": (lambda d: ["query", "SWEEP", "COPY runs TO 'x.csv'"], ["statement type is not supported: Copy"]),
+    "query-insert": (lambda d: ["query", "SWEEP", "INSERT INTO runs VALUES (1)"], ["statement type is not supported: Insert"]),
+    "query-syntax": (lambda d: ["query", "SWEEP", "SELEC 1"], ["sql parser error", "SELEC"]),
+    "query-unknown-table": (lambda d: ["query", "SWEEP", "SELECT * FROM nope"], ["nope"]),
+    "query-unknown-column": (lambda d: ["query", "SWEEP", "SELECT nope FROM runs"], ["nope"]),
+    "query-out-suffix": (lambda d: ["query", "SWEEP", "SELECT 1", "--out", f"{d}/x.txt"], ["must end in .csv or .parquet"]),
+    "report-format-comma": (lambda d: ["report", "SWEEP", "--format", ","], ["--format ',': names no format"]),
+    "report-format-empty": (lambda d: ["report", "SWEEP", "--format", ""], ["names no format"]),
+    "report-format-unknown": (lambda d: ["report", "SWEEP", "--format", "svg,gif"], ["--format: unknown gif"]),
+    "status-missing": (lambda d: ["status", f"{d}/nope"], ["nope: no such folder"]),
+    "status-a-file": (lambda d: ["status", f"{d}/src.txt"], ["src.txt: not a folder"]),
+    "report-no-sweep": (lambda d: ["report", f"{d}/empty_dir"], ["no sweep found"]),
+    "query-no-sweep": (lambda d: ["query", f"{d}/empty_dir", "SELECT 1"], ["no sweep found"]),
+}
+
+
+@pytest.mark.parametrize("kind", list(CLI_CASES))
+def test_bad_input_to_the_other_verbs(inputs, a_sweep, tmp_path, kind):
+    argv_of, says = CLI_CASES[kind]
+    argv = [str(a_sweep) if a == "SWEEP" else a for a in argv_of(inputs)]
+    out = tmp_path / "out"
+    if argv[:2] == PREPARE:
+        argv += ["--out", str(out)]
+    before = _tree(a_sweep)
+    result = CliRunner().invoke(app, argv)
+    assert isinstance(result.exception, SystemExit), result.exception
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    for text in says:
+        assert text in result.output, result.output
+    assert not out.exists() and _tree(a_sweep) == before

@@ -120,9 +120,29 @@ def test_resources_this_machine_cannot_hold_are_refused_at_their_line_before_ray
     spec = tmp_path / "g.yaml"
     spec.write_text("name: g\ndata: {seq_len: 16}\ntrain: {steps: 2, batch_size: 2, eval_batch: {sequences: 2}}\n"
                     "grid:\n  model: [{d_model: 16, n_layers: 1, n_heads: 1}]\n  optimizer: [{name: adam, lr: 1.0e-3}]\n"
-                    "resources:\n  cpu: 1\n  gpu: 1000\n")
+                    "resources:\n  cpu: 1\n  gpu: 8\n")
     assert not ray.is_initialized()
     r = CliRunner().invoke(app, ["run", str(spec), "--results", str(tmp_path / "r")])
     assert r.exit_code == 2, r.output
-    assert "needs cpu=1 gpu=1000, but this machine has" in r.output and "(line 9)" in r.output, r.output
+    assert "needs cpu=1 gpu=8, but this machine has" in r.output and "(line 9)" in r.output, r.output
+    assert "to run" not in r.output  # refused before saying what it would run (issue 18)
     assert not ray.is_initialized() and not (tmp_path / "r").exists()
+    spec.write_text(spec.read_text().replace("gpu: 8", "gpu: 1000"))  # no node holds it: plan refuses too
+    for verb in ("plan", "run"):
+        r = CliRunner().invoke(app, [verb, str(spec), "--results", str(tmp_path / "r")])
+        assert r.exit_code == 2 and "resources.gpu: a trial runs on one node: at most 16 GPUs" in r.output, r.output
+        assert "H200" not in r.output and "to run" not in r.output
+
+
+def test_rerunning_a_sweep_whose_trials_diverged_says_so(tmp_path):
+    from sweep.cli import load
+    from sweep.store import ResultsStore
+    from sweep.trainable import failed_row
+
+    _, trials = load(SMOKE)
+    store = ResultsStore(tmp_path, "smoke")
+    for t in trials:
+        store.write_run({**failed_row(t, "loss 1e9 > 20 x initial"), "status": "diverged", "steps": 12})
+    r = invoke("run", SMOKE, "--results", tmp_path)  # nothing to run: Ray never starts
+    assert r.exit_code == 0, r.output
+    assert "2 already complete (2 of them diverged" in r.output and trials[0].trial_id in r.output, r.output

@@ -315,3 +315,30 @@ def test_reading_is_lazy_and_bounded(monkeypatch, workers):
     assert nbytes == 10 * 1000 and len(train_ids) + len(val_ids) == 10 * 1001
     assert len(pulled) <= (2 * workers + 1) * 10 + 1
     stream.close()
+
+
+def test_binary_files_in_a_folder_are_skipped_by_name_with_a_count(tmp_path):
+    import shutil
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i, doc in enumerate(documents()):
+        (src / f"{i:02d}.txt").write_text(doc)
+    shutil.copy("/bin/ls", src / "ls")
+    shutil.copy("/bin/cat", src / "cat.txt")
+    r = runner.invoke(app, ["data", "prepare", str(src), "--out", str(tmp_path / "c"), "--val-fraction", "0.25"])
+    assert r.exit_code == 0, r.output
+    assert "skipped 2 file(s): cat.txt, ls: not text" in r.output
+    manifest = json.loads((tmp_path / "c" / "manifest.json").read_text())
+    assert manifest["splits"]["train"]["documents"] + manifest["splits"]["val"]["documents"] == len(documents())
+
+
+def test_a_bpe_that_runs_out_of_merges_says_why_its_vocabulary_is_smaller(tmp_path):
+    pytest.importorskip("tokenizers")
+    src = make_source("text_folder", tmp_path, documents())
+    r = runner.invoke(app, ["data", "prepare", src, "--out", str(tmp_path / "c"), "--tokenizer", "bpe:10000000",
+                            "--val-fraction", "0.25", "--workers", "1"])
+    assert r.exit_code == 0, r.output
+    vocab = json.loads((tmp_path / "c" / "manifest.json").read_text())["vocab_size"]
+    assert vocab < 10_000_000
+    assert f"--tokenizer bpe:10000000 gave {vocab} ids" in r.output and "no more pairs to merge" in r.output, r.output

@@ -232,3 +232,11 @@ def test_every_verb_that_reads_the_store_names_damage(sweep, damage):
         result = invoke(*args)
         assert result.exit_code in (1, 2), (args, result.output)
         assert (named if damage.startswith("cut") else trial) in result.output, (args, result.output)
+
+
+def test_verify_names_a_damaged_file_once_and_whole(sweep):
+    part = cut_in_half(sweep)
+    result = invoke("status", sweep, "--verify")
+    assert result.exit_code == 2, result.output
+    assert result.output.count(part.name) == 1, result.output
+    assert "incomplete rows" not in result.output
