@@ -363,7 +363,12 @@ def train_one(
                   f"{human(info['tokens_per_s'] or 0, ' tok/s')}  {duration(time.perf_counter() - t0)}",
                   highlight=False)
 
-    summary = train_trial(cfg, store, StoreSink(store, cfg.trial_id, on_progress=show))
+    try:
+        summary = train_trial(cfg, store, StoreSink(store, cfg.trial_id, on_progress=show))
+    except OSError as exc:  # a full disk, a store gone read-only: the trial failed, the store is not corrupt
+        err.print(f"[red]trial {cfg.trial_id} failed[/]: cannot write {q(store.uri)}: {q(reason(exc))}; "
+                  "the next `sweep train` or `sweep run` of it starts it again", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
     out.print(f"{summary.status}: val loss {summary.final_val_loss:.4f} after {summary.steps} steps "
               f"in {duration(summary.wall_s)}. Results: [bold]{q(store.uri)}[/]")
     if summary.status != "done":

@@ -1,0 +1,131 @@
+"""Faults, then a re-run: the store after the re-run equals an uninterrupted run's, row for row
+(issue 18). One uninterrupted smoke-sized run is the reference; each fault is applied to a copy
+of it (or to a fresh run) and `sweep run` / `sweep train` repairs it. Real Ray, real Parquet."""
+
+import errno
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from sweep.cli import app
+from sweep.store import ResultsStore
+
+SMOKE = Path(__file__).parent.parent / "specs" / "smoke.yaml"
+KEYS = {"runs": ["trial_id", "status", "steps"], "metrics": ["trial_id", "step", "layer", "site", "basis", "metric"],
+        "curves": ["trial_id", "step"], "checks": ["trial_id", "check", "dtype"]}
+pytestmark = pytest.mark.slow
+
+
+def invoke(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def rows(sweep: Path) -> dict[str, pl.DataFrame]:
+    """Each table's identifying columns, sorted: what 'row for row' compares (values are floats
+    of a re-run that may resume from a checkpoint)."""
+    store = ResultsStore(sweep.parent, sweep.name)
+    return {t: store.read(t).select(k).sort(k) for t, k in KEYS.items()}
+
+
+def assert_same_rows(sweep: Path, reference: Path) -> None:
+    got, want = rows(sweep), rows(reference)
+    for table in KEYS:
+        assert got[table].equals(want[table]), (table, got[table].height, want[table].height)
+    assert invoke("status", sweep, "--verify").exit_code == 0
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """One uninterrupted run of the smoke spec, on a private local Ray kept for the module."""
+    import ray
+
+    os.environ.pop("RAY_ADDRESS", None)
+    root = tmp_path_factory.mktemp("reference")
+    result = invoke("run", SMOKE, "--results", root)
+    assert result.exit_code == 0, result.output
+    yield root / "smoke"
+    ray.shutdown()
+
+
+@pytest.fixture
+def copy(reference, tmp_path):
+    shutil.copytree(reference, tmp_path / "smoke", ignore=shutil.ignore_patterns("ray"))
+    return tmp_path / "smoke"
+
+
+def test_damaged_deleted_and_missing_files_are_repaired_by_one_rerun(reference, copy):
+    first, second = sorted(ResultsStore(copy.parent, "smoke").completed_ids())
+    metrics = sorted((copy / "metrics").glob(f"{first}.*.parquet"))
+    data = metrics[0].read_bytes()
+    metrics[0].write_bytes(data[: len(data) // 2])  # a truncated part
+    sorted((copy / "curves").glob(f"{second}.*.parquet"))[-1].unlink()  # a deleted part
+    result = invoke("run", SMOKE, "--results", copy.parent)
+    assert result.exit_code == 0, result.output
+    assert "0 already complete, 2 to run" in result.output, result.output
+    assert_same_rows(copy, reference)
+    assert (copy / "quarantine" / "metrics" / metrics[0].name).read_bytes() == data[: len(data) // 2]
+
+
+def test_a_deleted_runs_row_reruns_its_trial_without_doubling(reference, copy):
+    first = sorted(ResultsStore(copy.parent, "smoke").completed_ids())[0]
+    (copy / "runs" / f"{first}.parquet").unlink()
+    result = invoke("run", SMOKE, "--results", copy.parent)
+    assert result.exit_code == 0 and "1 already complete, 1 to run" in result.output, result.output
+    assert_same_rows(copy, reference)
+
+
+def test_a_sigkilled_driver_then_a_rerun_equals_an_uninterrupted_run(reference, tmp_path):
+    spec = tmp_path / "smoke.yaml"
+    spec.write_text(SMOKE.read_text())
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = str(Path(__file__).parent.parent)
+    driver = subprocess.Popen([sys.executable, "-m", "sweep.cli", "run", str(spec), "--results", str(tmp_path)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and driver.poll() is None and not list((tmp_path / "smoke").glob("metrics/*.parquet")):
+            time.sleep(0.2)  # kill it mid-trial: once the first part is written
+        assert driver.poll() is None, "the run ended before it could be killed"
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait()
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    time.sleep(2)  # its Ray goes with it (test_launch checks that by pid)
+    result = invoke("run", spec, "--results", tmp_path)
+    assert result.exit_code == 0, result.output
+    assert "took over a stale lock" in result.output, result.output
+    assert_same_rows(tmp_path / "smoke", reference)
+
+
+def test_a_full_disk_fails_the_trial_cleanly_and_a_rerun_repairs_it(reference, tmp_path, monkeypatch):
+    """`sweep train` in-process, its store's writes failing with ENOSPC after the first few (as a
+    full disk does): exit 1 or 2 with one line, no traceback; then, with space again, a re-run
+    writes exactly the reference's rows for that trial."""
+    trial = sorted(ResultsStore(reference.parent, "smoke").completed_ids())[0]
+    original, writes = ResultsStore._write_atomic, []
+
+    def full_disk(self, rel, table):
+        writes.append(rel)
+        if len(writes) > 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), rel)
+        return original(self, rel, table)
+
+    monkeypatch.setattr(ResultsStore, "_write_atomic", full_disk)
+    result = invoke("train", SMOKE, "--trial", trial, "--results", tmp_path)
+    assert result.exit_code in (1, 2), result.output
+    assert "No space left on device" in result.output and "Traceback" not in result.output, result.output
+    monkeypatch.setattr(ResultsStore, "_write_atomic", original)
+    result = invoke("train", SMOKE, "--trial", trial, "--results", tmp_path)
+    assert result.exit_code == 0, result.output
+    got, want = rows(tmp_path / "smoke"), rows(reference)
+    for table in KEYS:
+        assert got[table].equals(want[table].filter(pl.col("trial_id") == trial)), table
