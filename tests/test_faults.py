@@ -129,3 +129,58 @@ def test_a_full_disk_fails_the_trial_cleanly_and_a_rerun_repairs_it(reference, t
     got, want = rows(tmp_path / "smoke"), rows(reference)
     for table in KEYS:
         assert got[table].equals(want[table].filter(pl.col("trial_id") == trial)), table
+
+
+TEXT_SPEC = """\
+name: {name}
+data: {{text: {corpus}, seq_len: 32}}
+train: {{steps: 30, batch_size: 8, eval_every: 10, eval_batch: {{sequences: 4}}, checkpoint_every: 10}}
+grid:
+  model: [{{d_model: 32, n_layers: 2, n_heads: 2}}]
+  optimizer: [{{name: sgd, lr: {lr}}}]
+  norm: [layernorm]
+  rotation: [none]
+  seed: [0]
+resources: {{cpu: 1}}
+"""
+
+
+def text_spec(tmp_path: Path, name: str, lr: float) -> Path:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join((Path(__file__).parent.parent / p).read_text() for p in ("sweep/cli.py", "sweep/store.py")))
+    spec = tmp_path / f"{name}.yaml"
+    spec.write_text(TEXT_SPEC.format(name=name, corpus=corpus, lr=lr))
+    return spec
+
+
+def _files(sweep: Path) -> dict[str, int]:
+    return {p.relative_to(sweep).as_posix(): p.stat().st_mtime_ns for p in sweep.rglob("*.parquet")}
+
+
+def test_a_diverged_trial_is_complete_named_and_never_rerun(tmp_path):
+    spec = text_spec(tmp_path, "diverge", lr=1000.0)
+    result = invoke("train", spec, "--trial", "0", "--results", tmp_path / "r")
+    assert result.exit_code == 1 and "diverged" in result.output, result.output
+    before = _files(tmp_path / "r" / "diverge")
+    result = invoke("run", spec, "--results", tmp_path / "r")  # nothing to run: no Ray starts
+    assert result.exit_code == 0, result.output
+    assert "1 already complete (1 of them diverged" in result.output and "0 to run" in result.output, result.output
+    assert _files(tmp_path / "r" / "diverge") == before
+
+
+def test_a_deleted_corpus_is_refused_by_name_and_the_store_left_as_it_was(tmp_path):
+    spec = text_spec(tmp_path, "corpus", lr=0.1)
+    assert invoke("train", spec, "--trial", "0", "--results", tmp_path / "r").exit_code == 0
+    reference = rows(tmp_path / "r" / "corpus")
+    before = _files(tmp_path / "r" / "corpus")
+    text = (tmp_path / "corpus.txt").read_text()
+    (tmp_path / "corpus.txt").unlink()
+    for verb in ("run", "plan", "train"):
+        result = invoke(verb, spec, *(["--trial", "0"] if verb == "train" else []), "--results", tmp_path / "r")
+        assert result.exit_code == 2 and "data.text: no such file" in result.output and "corpus.txt" in result.output, \
+            (verb, result.output)
+    assert _files(tmp_path / "r" / "corpus") == before
+    (tmp_path / "corpus.txt").write_text(text)  # restored: a re-train writes the same rows, none doubled
+    assert invoke("train", spec, "--trial", "0", "--results", tmp_path / "r").exit_code == 0
+    after = rows(tmp_path / "r" / "corpus")
+    assert all(after[t].equals(reference[t]) for t in KEYS)
