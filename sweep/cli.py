@@ -108,50 +108,52 @@ def refuse_writes_into_a_sweep(option: str, target: str | None, *, whole_folder:
         raise bad_input(f"{option} {target}: {why}")
 
 
-def stored_runs(store):
-    """(the readable runs rows, trial_id -> "damaged" | "incomplete" for trials that `sweep run`
-    will re-run), naming each damaged file and incomplete trial on stderr."""
+def store_problems(store):
+    """(status, trial_id -> "damaged" | "incomplete", one line per problem): every damaged file,
+    and every done trial whose rows do not cover its steps (what `sweep run` re-runs)."""
     from sweep.store import DamagedFile, _trial_of
 
-    st = store.status() if store.exists() else None
-    if st is None:
-        from analysis.schema import SCHEMAS
+    st = store.status()
+    damage = {_trial_of(name): "damaged" for _, name, _ in st.damaged}
+    lines = [f"{store.uri}/{table}/{name}: damaged Parquet file ({why})" for table, name, why in st.damaged]
+    if not st.damaged:  # a damaged file would be named twice
+        try:
+            gaps = store.gaps_by_trial(st.runs)
+        except DamagedFile as exc:
+            gaps, lines = {}, [str(exc)]
+        damage.update({t: "incomplete" for t in gaps})
+        lines += [f"trial {t}: incomplete ({'; '.join(why)})" for t, why in gaps.items()]
+    return st, damage, lines
+
+
+REPAIR = "`sweep run` moves damaged files and incomplete trials to quarantine/ and re-runs them"
+
+
+def stored_runs(store):
+    """(the readable runs rows, trial_id -> "damaged" | "incomplete"), each problem named on stderr."""
+    if not store.exists():
         import polars as pl
 
+        from analysis.schema import SCHEMAS
+
         return pl.DataFrame(schema=SCHEMAS["runs"]), {}
-    damage = {_trial_of(name): "damaged" for _, name, _ in st.damaged}
-    lines = [f"{store.uri}/{table}/{name}: damaged Parquet file ({reason})" for table, name, reason in st.damaged]
-    try:
-        gaps = store.gaps_by_trial(st.runs) if not st.damaged else {}
-    except DamagedFile:
-        gaps = {}
-    damage.update({t: "incomplete" for t in gaps})
-    lines += [f"trial {t}: incomplete ({'; '.join(why)})" for t, why in gaps.items()]
+    st, damage, lines = store_problems(store)
     for line in lines:
         err.print(f"[yellow]warning:[/] {q(line)}", highlight=False, soft_wrap=True)
     if lines:
-        err.print("`sweep run` moves damaged files and incomplete trials to quarantine/ and re-runs them",
-                  highlight=False)
+        err.print(REPAIR, highlight=False)
     return st.runs, damage
 
 
 def refuse_damage(folder: str, verb: str) -> None:
-    """Exit 2 naming every damaged file and every done trial whose rows do not cover its steps:
-    `verb` would otherwise read incomplete data as if it were whole."""
+    """Exit 2 naming every problem of store_problems: `verb` would read incomplete data as whole."""
     from analysis import storage
-    from sweep.store import DamagedFile, ResultsStore
+    from sweep.store import ResultsStore
 
     store = ResultsStore(storage.parent(folder), storage.name(folder))
-    st = store.status()
-    problems = [f"{store.uri}/{table}/{name}: damaged Parquet file ({reason})" for table, name, reason in st.damaged]
-    if not problems:
-        try:
-            problems = [f"trial {t}: incomplete ({'; '.join(why)})" for t, why in store.gaps_by_trial(st.runs).items()]
-        except DamagedFile as exc:
-            problems = [str(exc)]
-    if problems:
-        raise bad_input(f"{verb}: {len(problems)} problem(s) in {store.uri}; `sweep run` moves damaged files and "
-                        f"incomplete trials to quarantine/ and re-runs them:\n" + "\n".join("  " + p for p in problems))
+    lines = store_problems(store)[2]
+    if lines:
+        raise bad_input(f"{verb}: {len(lines)} problem(s) in {store.uri}; {REPAIR}:\n" + "\n".join("  " + l for l in lines))
 
 
 # ---- plan ------------------------------------------------------------------------------------

@@ -175,7 +175,11 @@ class ResultsStore:
             for name in self._list(table):
                 try:
                     with self.fs.open_input_file(f"{self.path}/{table}/{name}") as f:
-                        schema = pq.ParquetFile(f).schema_arrow
+                        footer = pq.ParquetFile(f)
+                        schema = footer.schema_arrow
+                    if table == "runs" and footer.metadata.num_rows != 1:  # e.g. a copy of the table put there
+                        raise ValueError(f"holds {footer.metadata.num_rows} rows; a runs file holds its trial's one "
+                                         "row, written by `sweep run`")
                     missing = [c for c in ("trial_id",) if c not in schema.names]
                     clash = [c for c in schema.names if c in want.names and schema.field(c).type != want.field(c).type
                              and not pa.types.is_null(schema.field(c).type)]
@@ -237,11 +241,14 @@ class ResultsStore:
         done = runs.filter(pl.col("status") == "done")
         if done.height == 0:
             return gaps
-        metrics = self.read("metrics", ["trial_id", "step"]).group_by("trial_id", "step").len()
-        curve_steps = self.read("curves", ["trial_id", "step"]).unique()
+        metrics = self.read("metrics", ["trial_id", "step"]).group_by("trial_id", "step").len().sort("trial_id", "step")
+        curves = self.read("curves", ["trial_id", "step"]).unique()
+        by_trial = {k[0]: v for k, v in metrics.partition_by("trial_id", as_dict=True).items()}  # one pass, not one per trial
+        curve_steps = {k[0]: set(v["step"].to_list()) for k, v in curves.partition_by("trial_id", as_dict=True).items()}
+        empty = metrics.clear()
         for row in done.iter_rows(named=True):
             t, steps, why = row["trial_id"], row["steps"] or 0, []
-            m = metrics.filter(pl.col("trial_id") == t).sort("step")
+            m = by_trial.get(t, empty)
             if m.height == 0:
                 why.append("no metrics rows")
             else:
@@ -254,7 +261,7 @@ class ResultsStore:
                 missing = sorted(set(range(found[0], steps + 1, every)) - set(found))
                 if missing or found[-1] != steps:
                     why.append(f"no metrics rows at eval steps {(missing or [steps])[:8]}")
-            have = set(curve_steps.filter(pl.col("trial_id") == t)["step"].to_list())
+            have = curve_steps.get(t, set())
             lost = sorted(set(range(1, steps + 1)) - have)
             if lost:
                 why.append(f"curves miss {len(lost)} of {steps} steps (first {lost[0]})")

@@ -106,6 +106,27 @@ def test_a_sigkilled_driver_then_a_rerun_equals_an_uninterrupted_run(reference, 
     assert_same_rows(tmp_path / "smoke", reference)
 
 
+def test_two_writers_one_refused_the_store_as_one_run_writes_it(reference, tmp_path):
+    spec = tmp_path / "smoke.yaml"
+    spec.write_text(SMOKE.read_text())
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = str(Path(__file__).parent.parent)
+    first = subprocess.Popen([sys.executable, "-m", "sweep.cli", "run", str(spec), "--results", str(tmp_path)],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and first.poll() is None and not (tmp_path / "smoke" / "run.lock").exists():
+            time.sleep(0.1)
+        second = invoke("run", spec, "--results", tmp_path)
+        assert second.exit_code == 2 and "another `sweep run` holds this sweep" in second.output, second.output
+        output, _ = first.communicate(timeout=600)
+        assert first.returncode == 0, output
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert_same_rows(tmp_path / "smoke", reference)
+
+
 def test_a_full_disk_fails_the_trial_cleanly_and_a_rerun_repairs_it(reference, tmp_path, monkeypatch):
     """`sweep train` in-process, its store's writes failing with ENOSPC after the first few (as a
     full disk does): exit 1 or 2 with one line, no traceback; then, with space again, a re-run

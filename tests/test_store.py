@@ -80,3 +80,17 @@ def test_empty_store_reads_typed_empty_tables(tmp_path):
     assert not store.exists()
     assert store.read("runs").schema["trial_id"] == pl.String
     assert store.completed_ids() == set()
+
+
+def test_a_runs_file_with_other_than_one_row_is_damaged(tmp_path):
+    """A copy of the runs table dropped into runs/ (by hand: the CLI refuses to write there) would
+    count every trial twice: it is named as damaged, and `sweep run` moves it to quarantine/."""
+    store = ResultsStore(tmp_path, "s")
+    store.write_run({"trial_id": "a", "status": "done"})
+    store.write_run({"trial_id": "b", "status": "done"})
+    store.read("runs").write_parquet(tmp_path / "s" / "runs" / "copy.parquet")
+    assert [(t, n) for t, n, _ in store.damaged()] == [("runs", "copy.parquet")]
+    assert "holds 2 rows" in store.damaged()[0][2]
+    store.quarantine()
+    assert (tmp_path / "s" / "quarantine" / "runs" / "copy.parquet").exists()
+    assert sorted(store.statuses()) == ["a", "b"] and store.damaged() == []
