@@ -87,10 +87,17 @@ def sweep_folder(results: str) -> str:
 
 
 def open_store(results: str, sweep: str):
-    """The ResultsStore at results/sweep, or exit 2 when it cannot be reached or written."""
+    """The ResultsStore at results/sweep, or exit 2 when it cannot be reached or written, or lies
+    inside another sweep's tables (their readers would take its files for rows of theirs)."""
+    from analysis import storage
     from analysis.storage import StorageError
     from sweep.store import ResultsStore
 
+    from sweep.store import writes_into_a_sweep
+
+    why = writes_into_a_sweep(storage.join(storage.normalize(results), sweep))
+    if why is not None:
+        raise bad_input(f"--results {results}: the sweep's folder {sweep}/ there would be {why.removeprefix('it is ')}")
     try:
         store = ResultsStore(results, sweep)
         store.check_writable()

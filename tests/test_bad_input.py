@@ -407,6 +407,9 @@ VERBS = {
     "query": lambda s, out: ["query", str(s), "SELECT * FROM runs", "--out", out],
     "report": lambda s, out: ["report", str(s), "--out", out.rsplit(".", 1)[0], "--format", "svg"],
     "data-prepare": lambda s, out: ["data", "prepare", str(s.parent / "src.txt"), "--out", out.rsplit(".", 1)[0]],
+    "run": lambda s, out: ["run", str(s.parent / "spec.yaml"), "--results", out.rsplit(".", 1)[0]],
+    "train": lambda s, out: ["train", str(s.parent / "spec.yaml"), "--trial", "0", "--results", out.rsplit(".", 1)[0]],
+    "plan": lambda s, out: ["plan", str(s.parent / "spec.yaml"), "--results", out.rsplit(".", 1)[0]],
 }
 
 
@@ -414,12 +417,13 @@ VERBS = {
 @pytest.mark.parametrize("into", INTO)
 def test_no_verb_writes_into_a_sweeps_tables(a_sweep, verb, into):
     (a_sweep.parent / "src.txt").write_text("hello world\n" * 500)
+    (a_sweep.parent / "spec.yaml").write_text(BASE)
     before = _tree(a_sweep)
     target = str(a_sweep / into)
     result = CliRunner().invoke(app, VERBS[verb](a_sweep, target))
     assert result.exit_code == 2, result.output
     assert "only `sweep run` writes" in result.output and "Traceback" not in result.output, result.output
-    assert _tree(a_sweep) == before
+    assert _tree(a_sweep) == before and not ray_started()
 
 
 @pytest.mark.parametrize("target", ["sweep", "root"])
