@@ -27,6 +27,7 @@ from analysis.schema import (  # re-exported: the contract lives in schema.py
     DIMS_SCHEMA,
     METRICS_SCHEMA,
     RUNS_SCHEMA,
+    SAE_SCHEMA,
     SCHEMAS,
     TABLES,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "LABEL_COLUMNS",
     "METRICS_SCHEMA",
     "RUNS_SCHEMA",
+    "SAE_SCHEMA",
     "SIZE_COLUMNS",
     "TABLES",
     "NoSweepError",
@@ -84,6 +86,8 @@ class Results:
     checks: pl.LazyFrame = field(repr=False)
     dims: pl.LazyFrame = field(default_factory=lambda: pl.LazyFrame(schema=DIMS_SCHEMA), repr=False)
     """Outlier-dimension attribution (empty for sweeps that predate the table)."""
+    sae: pl.LazyFrame = field(default_factory=lambda: pl.LazyFrame(schema=SAE_SCHEMA), repr=False)
+    """`sweep probe sae`'s rows (empty when the probe never ran)."""
     files: Mapping[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
 
     @property
@@ -92,7 +96,7 @@ class Results:
         return self.path.rstrip("/").rsplit("/", 1)[-1]
 
     def tables(self) -> dict[str, pl.LazyFrame]:
-        """``{"runs": ..., "metrics": ..., "curves": ..., "checks": ..., "dims": ...}``."""
+        """``{"runs": ..., "metrics": ..., "curves": ..., "checks": ..., "dims": ..., "sae": ...}``."""
         return {t: getattr(self, t) for t in TABLES}
 
     def done_runs(self) -> pl.LazyFrame:

@@ -25,6 +25,7 @@ __all__ = [
     "FINISHED",
     "METRICS_SCHEMA",
     "RUNS_SCHEMA",
+    "SAE_SCHEMA",
     "SCHEMAS",
     "STATUSES",
     "TABLES",
@@ -32,7 +33,7 @@ __all__ = [
     "Status",
 ]
 
-TABLES = ("runs", "metrics", "curves", "checks", "dims")
+TABLES = ("runs", "metrics", "curves", "checks", "dims", "sae")
 
 Status = Literal["done", "failed", "diverged"]
 """A trial's status in the runs table."""
@@ -104,6 +105,19 @@ ARROW: dict[str, pa.Schema] = {
         ("zero_delta_first", _F), ("mean_delta_first", _F), ("zero_p", _F), ("mean_p", _F),
         ("loss_tokens", _S),
     ]),
+    # `sweep probe sae`: one row per (trial, layer, basis, SAE optimiser). basis: `stored` (the
+    # trial's residual basis) or `random` (a fixed Haar-random one); sae_optimizer: `adam` or
+    # `sgd` (the rotation-equivariant control). Decoder alignment is measured in the basis the
+    # SAE saw (random directions: decoder_kurtosis_null = 3(d-1)/(d+1)); agreement is the mean
+    # matched cosine between this SAE and the other basis's one, rotated back.
+    "sae": pa.schema([
+        ("trial_id", _S), ("layer", _I), ("basis", _S), ("sae_optimizer", _S),
+        ("d_model", _I), ("n_latents", _I), ("k", _I), ("steps", _I), ("tokens", _I),
+        ("fve", _F), ("l0", _F), ("dead_fraction", _F),
+        ("loss_orig", _F), ("loss_zero", _F), ("loss_sae", _F), ("loss_recovered", _F),
+        ("decoder_kurtosis", _F), ("decoder_kurtosis_null", _F), ("decoder_max_share", _F),
+        ("agreement", _F), ("wall_s", _F), ("sae_config_json", _S),
+    ]),
 }  # fmt: skip
 
 
@@ -122,3 +136,4 @@ METRICS_SCHEMA = SCHEMAS["metrics"]
 CURVES_SCHEMA = SCHEMAS["curves"]
 CHECKS_SCHEMA = SCHEMAS["checks"]
 DIMS_SCHEMA = SCHEMAS["dims"]
+SAE_SCHEMA = SCHEMAS["sae"]

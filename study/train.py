@@ -62,6 +62,10 @@ class Sink(Protocol):
     def run(self, row: dict) -> None:
         """The runs row, written last: it marks the trial finished."""
 
+    def final_weights(self, state: dict[str, Any]) -> None:
+        """A done trial's final model ({"trial_id", "model": state_dict}), just before its runs
+        row (probes such as `sweep probe sae` read it)."""
+
 
 @dataclass
 class MemorySink:
@@ -72,6 +76,7 @@ class MemorySink:
     check_rows: list[dict] = field(default_factory=list)
     dim_rows: list[dict] = field(default_factory=list)
     run_row: dict | None = None
+    final_state: dict | None = None
     progress_log: list[dict] = field(default_factory=list)
 
     def begin(self, resume_step: int | None) -> None:
@@ -101,6 +106,9 @@ class MemorySink:
 
     def progress(self, info: dict) -> None:
         self.progress_log.append(info)
+
+    def final_weights(self, state: dict[str, Any]) -> None:
+        self.final_state = state
 
     def run(self, row: dict) -> None:
         self.run_row = row
@@ -369,6 +377,8 @@ def train(
         final_train_loss=train_loss, final_val_loss=val_loss, tokens_per_s=throughput, wall_s=wall,
         mfu=mfu(cfg.flops_per_token, throughput, device_name(device)), peak_memory_bytes=peak_memory_bytes(device),
     )
+    if status == "done":
+        sink.final_weights({"trial_id": cfg.trial_id, "model": {k: v.cpu() for k, v in model.state_dict().items()}})
     sink.run(run_row(cfg, summary, device, corpus.fingerprint))
     return summary
 

@@ -6,6 +6,8 @@
     <root>/<sweep>/checks/<trial_id>.parquet
     <root>/<sweep>/dims/<trial_id>.<first>-<last>.parquet     outlier-dimension attribution, like metrics
     <root>/<sweep>/trials/<trial_id>/config.json, checkpoint.pt (local stores)
+    <root>/<sweep>/trials/<trial_id>/final.pt                 a done trial's weights (any store)
+    <root>/<sweep>/sae/<trial_id>.L<layer>.<sae optimiser>.parquet  `sweep probe sae` rows
     <root>/<sweep>/run.lock                                   the one writer (SweepLock)
     <root>/<sweep>/quarantine/<table>/<file>                  damaged files, moved aside
 
@@ -43,6 +45,7 @@ from analysis import storage
 from analysis.schema import ARROW, FINISHED, SCHEMAS, TABLES
 from analysis.storage import StorageError
 
+FINAL_WEIGHTS = "final.pt"
 _PART = re.compile(r"^(?P<trial>.+)\.(?P<first>\d+)-(?P<last>\d+)\.parquet$")
 
 
@@ -119,6 +122,33 @@ class ResultsStore:
         rows = [{"trial_id": trial_id, **r} for r in rows]
         self._write_atomic(f"{table}/{trial_id}.{min(steps):09d}-{max(steps):09d}.parquet",
                            _to_table(table, rows))
+
+    def write_final_weights(self, trial_id: str, data: bytes) -> None:
+        """A done trial's torch-saved final weights, atomically, local or remote."""
+        self._write_bytes(f"trials/{trial_id}/{FINAL_WEIGHTS}", data)
+
+    def read_final_weights(self, trial_id: str) -> bytes:
+        with self.fs.open_input_stream(f"{self.path}/trials/{trial_id}/{FINAL_WEIGHTS}") as f:
+            return f.read()
+
+    def has_final_weights(self) -> set[str]:
+        """Trials whose final weights are stored."""
+        listing = self.fs.get_file_info(pafs.FileSelector(f"{self.path}/trials", allow_not_found=True, recursive=True))
+        return {i.path.rsplit("/", 2)[-2] for i in listing
+                if i.type == pafs.FileType.File and i.base_name == FINAL_WEIGHTS}
+
+    def write_sae(self, trial_id: str, layer: int, sae_optimizer: str, rows: list[dict]) -> None:
+        """One (trial, layer, SAE optimiser)'s rows (both bases), atomically: a re-write replaces it."""
+        self._write_atomic(f"sae/{trial_id}.L{layer}.{sae_optimizer}.parquet", _to_table("sae", rows))
+
+    def _write_bytes(self, rel: str, data: bytes) -> None:
+        final = f"{self.path}/{rel}"
+        parent = final.rsplit("/", 1)[0]
+        self.fs.create_dir(parent, recursive=True)
+        tmp = f"{parent}/.tmp-{uuid.uuid4().hex}"
+        with self.fs.open_output_stream(tmp) as out:
+            out.write(data)
+        self.fs.move(tmp, final)
 
     def discard(self, trial_id: str, after_step: int | None) -> None:
         """Delete a trial's parts with rows after `after_step` (all of them when None), its checks
@@ -551,6 +581,13 @@ class StoreSink:
     def progress(self, info: dict) -> None:
         if self.on_progress is not None:
             self.on_progress(info)
+
+    def final_weights(self, state: dict) -> None:
+        import torch  # lazily: the store serves `sweep plan` too, which never needs torch
+
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        self.store.write_final_weights(self.trial_id, buf.getvalue())
 
     def run(self, row: dict) -> None:
         self.store.write_run(row)

@@ -1,0 +1,189 @@
+"""`sweep probe sae`: TopK SAEs on finished trials' residual streams, as Ray tasks.
+
+    plan_probe(sweep_uri, ...)  -> ProbePlan   checks everything, reads only the store; no Ray
+    run_probe(plan, ...)        -> ProbeOutcome  one Ray task per (trial, layer) still to do
+
+For each selected done trial (its final weights in trials/<id>/final.pt), each chosen layer and
+each SAE optimiser, a task trains the SAE on the held-out split's residual activations in the
+stored basis and in a fixed random one (study.sae.probe_layer) and writes the two rows as one
+file, sae/<trial>.L<layer>.<optimiser>.parquet, atomically. A re-run skips every (trial, layer,
+basis, SAE optimiser) already in the table, so it is a no-op once everything is there; an
+interrupted run redoes only what has no file. Settings (k, tokens, ...) are in each row's
+sae_config_json; rows already there are kept whatever the new settings (delete sae/ to redo).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import polars as pl
+
+from sweep.store import FINAL_WEIGHTS, ResultsStore
+
+__all__ = ["ProbeInputError", "ProbeOutcome", "ProbePlan", "ProbeTask", "plan_probe", "probe_task", "run_probe"]
+
+BASES = ("stored", "random")
+
+
+class ProbeInputError(ValueError):
+    """Bad probe input (one line naming the option or trial); nothing was written or started."""
+
+
+@dataclass(frozen=True)
+class ProbeTask:
+    """One (trial, layer): the SAE optimisers still to train there."""
+
+    trial_id: str
+    config_json: str
+    layer: int
+    sae_optimizers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ProbePlan:
+    uri: str
+    """The sweep folder (path or URI)."""
+    tasks: tuple[ProbeTask, ...]
+    trials: int
+    """Trials selected."""
+    done: int
+    """(trial, layer, SAE optimiser) units already in the table (skipped)."""
+    tokens: int
+    sae_json: str
+    """The study.sae.SAEConfig (optimiser set per unit)."""
+
+
+@dataclass(frozen=True)
+class ProbeOutcome:
+    written: int
+    """Rows written by this run."""
+    failed: tuple[str, ...]
+    """One line per task that raised."""
+    wall_s: float
+
+
+def _store(uri: str) -> ResultsStore:
+    root, name = uri.rstrip("/").rsplit("/", 1)
+    return ResultsStore(root, name)
+
+
+def plan_probe(uri: str, *, where: str | None = None, layers: list[int] | None = None, tokens: int = 16384,
+               sae_optimizers: tuple[str, ...] = ("adam", "sgd"), sae_json: str | None = None) -> ProbePlan:
+    """What `sweep probe sae` will do, or ProbeInputError naming the first problem. `layers` None:
+    each trial's middle and last layer. Reads the store's runs and sae tables, nothing else."""
+    from study.config import TrialConfig
+    from study.sae import SAE_OPTIMIZERS, SAEConfig
+
+    sae = SAEConfig.model_validate_json(sae_json) if sae_json else SAEConfig()
+    if tokens < 4 * 8:
+        raise ProbeInputError(f"--tokens: {tokens} is too few (at least 32)")
+    bad = [o for o in sae_optimizers if o not in SAE_OPTIMIZERS]
+    if bad or not sae_optimizers:
+        raise ProbeInputError(f"--sae-optimizers: {', '.join(bad) or 'none given'}: choose from {', '.join(SAE_OPTIMIZERS)}")
+    store = _store(uri)
+    runs = store.read("runs").filter(pl.col("status") == "done")
+    if where:
+        try:
+            ids = pl.SQLContext(runs=runs).execute(f"SELECT trial_id FROM runs WHERE {where}", eager=True)
+        except Exception as exc:  # polars raises several kinds for bad SQL
+            raise ProbeInputError(f"--where: {(str(exc).strip().splitlines() or [type(exc).__name__])[0]}") from None
+        runs = runs.filter(pl.col("trial_id").is_in(ids["trial_id"].implode()))
+    if runs.height == 0:
+        raise ProbeInputError(f"{uri}: no done trial" + (f" matches --where {where!r}" if where else ""))
+    with_weights = store.has_final_weights()
+    done = _done_units(store)
+    tasks, skipped = [], 0
+    for row in runs.sort("trial_id").iter_rows(named=True):
+        tid = row["trial_id"]
+        if tid not in with_weights:
+            raise ProbeInputError(f"trial {tid}: no final weights ({uri}/trials/{tid}/{FINAL_WEIGHTS}); trials "
+                                  "trained before the probe existed need `sweep run` again (delete their runs row)")
+        cfg = TrialConfig.model_validate_json(row["config_json"])
+        n = cfg.model.n_layers
+        for layer in (layers if layers is not None else sorted({n // 2, n})):
+            if not 0 <= layer <= n:
+                raise ProbeInputError(f"--layers: layer {layer} is out of range for trial {tid} "
+                                      f"(0 = embeddings .. {n} = last block)")
+            todo = tuple(o for o in sae_optimizers if (tid, layer, o) not in done)
+            skipped += len(sae_optimizers) - len(todo)
+            if todo:
+                tasks.append(ProbeTask(tid, row["config_json"], layer, todo))
+    return ProbePlan(uri, tuple(tasks), runs.height, skipped, tokens, sae.model_dump_json())
+
+
+def _done_units(store: ResultsStore) -> set[tuple[str, int, str]]:
+    """(trial, layer, SAE optimiser) with a row in every basis."""
+    rows = store.read("sae")
+    have = rows.group_by("trial_id", "layer", "sae_optimizer").agg(pl.col("basis").unique())
+    return {(r["trial_id"], r["layer"], r["sae_optimizer"]) for r in have.iter_rows(named=True)
+            if set(BASES) <= set(r["basis"])}
+
+
+def probe_task(uri: str, task: ProbeTask, tokens: int, sae_json: str, threads: int = 1) -> int:
+    """One task, in any process: load the trial's weights, collect activations over `tokens`
+    held-out tokens, train and measure, write one file per SAE optimiser. Returns rows written."""
+    import io
+
+    import torch
+
+    from study.config import TrialConfig
+    from study.data import eval_batch, load_corpus
+    from study.model import Transformer
+    from study.rotation import generator_for, random_orthogonal
+    from study.sae import SAEConfig, probe_layer
+
+    torch.set_num_threads(max(1, threads))
+    store = _store(uri)
+    cfg = TrialConfig.model_validate_json(task.config_json)
+    state = torch.load(io.BytesIO(store.read_final_weights(task.trial_id)), map_location="cpu", weights_only=False)
+    model = Transformer.from_config(cfg)
+    model.load_state_dict(state["model"])
+    model.eval()
+    seq_len = cfg.data.seq_len
+    x, y = eval_batch(load_corpus(cfg.data), max(4, math.ceil(tokens / seq_len)), seq_len, "cpu")
+    basis = random_orthogonal(cfg.model.d_model, generator_for(0, "sae", "random basis", cfg.model.d_model))
+    written = 0
+    for optimizer in task.sae_optimizers:
+        sae_cfg = SAEConfig.model_validate_json(sae_json).model_copy(update={"optimizer": optimizer})
+        rows = [{"trial_id": task.trial_id, **r} for r in probe_layer(model, x, y, task.layer, sae_cfg, basis)]
+        store.write_sae(task.trial_id, task.layer, optimizer, rows)
+        written += len(rows)
+    return written
+
+
+def run_probe(plan: ProbePlan, *, address: str | None = None, cpus: float = 1, gpus: float = 0,
+              num_cpus: int | None = None, on_task: Callable[[int, int, str | None], None] | None = None) -> ProbeOutcome:
+    """Run the plan's tasks as Ray tasks ({cpus, gpus} each) on `address` or a private local Ray
+    (loopback, shut down at the end). on_task(done, total, error) after each task."""
+    t0 = time.perf_counter()
+    if not plan.tasks:
+        return ProbeOutcome(0, (), 0.0)
+    from sweep.launch import _init_ray, _ray_initialized
+
+    started_here = not (address or os.environ.get("RAY_ADDRESS")) and not _ray_initialized()
+    ray = _init_ray(address, num_cpus)
+    try:
+        remote = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=1)(probe_task)
+        threads = max(1, int(cpus))
+        pending = {remote.remote(plan.uri, t, plan.tokens, plan.sae_json, threads): t for t in plan.tasks}
+        written, failed, finished = 0, [], 0
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            task = pending.pop(ready[0])
+            error = None
+            try:
+                written += ray.get(ready[0])
+            except Exception as exc:  # a task's error is reported, the others carry on
+                error = f"trial {task.trial_id} layer {task.layer}: {(str(exc).strip().splitlines() or ['error'])[-1][:300]}"
+                failed.append(error)
+            finished += 1
+            if on_task is not None:
+                on_task(finished, len(plan.tasks), error)
+        return ProbeOutcome(written, tuple(failed), time.perf_counter() - t0)
+    finally:
+        if started_here:
+            ray.shutdown()
