@@ -344,6 +344,9 @@ def build(
 
     report_dims.add(results, done, built, c.notes)  # what the outlier dimensions are (issue 20)
 
+    from analysis.report_sae import add_sae_section  # issue 21's section: a chart, or one note
+
+    add_sae_section(results, built, c.notes, say)
     # ---- tables
     c.fits = (
         pl.concat(fit_tables, how="diagonal_relaxed")

@@ -85,9 +85,11 @@ def test_probe_writes_every_unit_once_and_a_rerun_is_a_noop(sweep_dir):
 def test_an_interrupted_probe_redoes_only_what_has_no_file(sweep_dir):
     store = ResultsStore(sweep_dir.parent, "tiny")
     tid = store.read("runs")["trial_id"].sort()[0]
-    rows = [{"trial_id": tid, "layer": 2, "basis": b, "sae_optimizer": "adam", "fve": 0.5} for b in ("stored", "random")]
-    store.write_sae(tid, 2, "adam", rows)
-    store.write_sae(tid, 1, "sgd", rows[:1])  # only one basis: not finished
+    def rows(layer, opt, bases):
+        return [{"trial_id": tid, "layer": layer, "basis": b, "sae_optimizer": opt, "fve": 0.5} for b in bases]
+
+    store.write_sae(tid, 2, "adam", rows(2, "adam", ("stored", "random")))
+    store.write_sae(tid, 1, "sgd", rows(1, "sgd", ("stored",)))  # only one basis: not finished
     plan = plan_probe(str(sweep_dir), layers=[1, 2])
     assert plan.done == 1
     assert sorted((t.trial_id == tid, t.layer, t.sae_optimizers) for t in plan.tasks) == [
@@ -126,3 +128,31 @@ def test_probe_on_s3_results(trained, s3):
     assert sae.height == 2 * 2 and set(sae["basis"]) == {"stored", "random"}
     again = invoke("probe", "sae", "s3://bars/probe/tiny", "--layers", "2", "--sae-optimizers", "sgd", *FAST)
     assert again.exit_code == 0 and "0 (trial, layer, SAE optimiser) to train, 2 already done" in again.output
+
+
+def test_report_draws_the_sae_section_or_notes_its_absence(sweep_dir):
+    from analysis.report_build import build
+    from analysis.sae import sae_summary
+
+    before = build(load(sweep_dir), n_boot=10)
+    assert "sae" not in before.charts
+    assert sum("No SAE probe rows" in n for n in before.notes) == 1
+    store = ResultsStore(sweep_dir.parent, "tiny")
+    runs = store.read("runs")
+    for i, tid in enumerate(runs["trial_id"].to_list()):
+        for layer in (1, 2):
+            for opt in ("adam", "sgd"):
+                store.write_sae(tid, layer, opt, [
+                    {"trial_id": tid, "layer": layer, "basis": b, "sae_optimizer": opt, "d_model": 16, "fve": 0.5 + i / 10,
+                     "dead_fraction": 0.1, "loss_recovered": 0.9, "decoder_kurtosis": 4.0 + (b == "stored"),
+                     "decoder_kurtosis_null": 3 * 15 / 17, "decoder_max_share": 0.5, "agreement": 0.8}
+                    for b in ("stored", "random")])
+    summary = sae_summary(load(sweep_dir))
+    assert summary.height == 2 * 2 * 2 * 2 * 6  # trials x depths x bases x SAE optimisers x metrics
+    assert set(summary["depth"]) == {"middle", "last"} and (summary["n"] == 1).all() and summary["ci_half"].is_null().all()
+    excess = summary.filter((pl.col("metric") == "decoder_kurtosis_excess") & (pl.col("basis") == "stored"))
+    assert excess["mean"].to_list() == pytest.approx([5.0 - 3 * 15 / 17] * excess.height)
+    after = build(load(sweep_dir), n_boot=10)
+    assert "sae" in after.charts and after.captions["sae"].endswith("one seed.")
+    assert not any("No SAE probe rows" in n for n in after.notes)
+    after.charts["sae"].to_dict()  # a valid Vega-Lite spec
