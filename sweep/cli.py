@@ -535,7 +535,7 @@ def probe_sae(
     from pydantic import ValidationError
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from sweep.probe import ProbeInputError, plan_probe, run_probe
+    from sweep.probe import ProbeInputError, RayUnavailable, plan_probe, run_probe
     from study.sae import SAEConfig
 
     folder = sweep_folder(results)
@@ -569,7 +569,11 @@ def probe_sae(
             if error:
                 bar.console.print(f"[red]failed[/] {escape(error)}", highlight=False)
 
-        outcome = run_probe(plan, address=address, cpus=cpus, gpus=gpus, on_task=on_task)
+        try:
+            outcome = run_probe(plan, address=address, cpus=cpus, gpus=gpus, on_task=on_task)
+        except RayUnavailable as exc:
+            err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+            raise typer.Exit(1) from None
     out.print(f"{outcome.written} rows written to {folder}/sae/ in {duration(outcome.wall_s)}", highlight=False)
     if outcome.failed:
         raise typer.Exit(1)

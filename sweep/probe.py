@@ -24,13 +24,17 @@ import polars as pl
 
 from sweep.store import FINAL_WEIGHTS, ResultsStore
 
-__all__ = ["ProbeInputError", "ProbeOutcome", "ProbePlan", "ProbeTask", "plan_probe", "probe_task", "run_probe"]
+__all__ = ["ProbeInputError", "RayUnavailable", "ProbeOutcome", "ProbePlan", "ProbeTask", "plan_probe", "probe_task", "run_probe"]
 
 BASES = ("stored", "random")
 
 
 class ProbeInputError(ValueError):
     """Bad probe input (one line naming the option or trial); nothing was written or started."""
+
+
+class RayUnavailable(RuntimeError):
+    """Ray could not be started or reached (one line); nothing was written."""
 
 
 @dataclass(frozen=True)
@@ -165,7 +169,11 @@ def run_probe(plan: ProbePlan, *, address: str | None = None, cpus: float = 1, g
     from sweep.launch import _init_ray, _ray_initialized
 
     started_here = not (address or os.environ.get("RAY_ADDRESS")) and not _ray_initialized()
-    ray = _init_ray(address, num_cpus)
+    try:
+        ray = _init_ray(address, num_cpus)
+    except Exception as exc:  # ray raises plain Exceptions, e.g. a node that timed out starting
+        where = f"at {address}" if address else "(local)"
+        raise RayUnavailable(f"Ray {where} did not start: {(str(exc).strip().splitlines() or ['?'])[0]}") from None
     try:
         remote = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=1)(probe_task)
         threads = max(1, int(cpus))
