@@ -378,7 +378,7 @@ def train(
         mfu=mfu(cfg.flops_per_token, throughput, device_name(device)), peak_memory_bytes=peak_memory_bytes(device),
     )
     if status == "done":
-        sink.final_weights({"trial_id": cfg.trial_id, "model": {k: v.cpu() for k, v in model.state_dict().items()}})
+        sink.final_weights({"trial_id": cfg.trial_id, "model": model.state_dict()})
     sink.run(run_row(cfg, summary, device, corpus.fingerprint))
     return summary
 

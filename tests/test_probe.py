@@ -57,6 +57,10 @@ def test_a_done_trial_stores_its_final_weights(trained):
 
     state = torch.load(io.BytesIO(store.read_final_weights(sorted(ids)[0])), weights_only=False)
     assert state["trial_id"] == sorted(ids)[0] and "unembed.weight" in state["model"]
+    from analysis.load import SAE_SCHEMA
+
+    empty = load(trained).sae.collect()  # a store the probe never saw: an empty frame, the contract's columns
+    assert empty.height == 0 and dict(empty.schema) == SAE_SCHEMA
 
 
 def test_probe_writes_every_unit_once_and_a_rerun_is_a_noop(sweep_dir):
