@@ -48,7 +48,7 @@ def sae_chart(summary: pl.DataFrame) -> alt.FacetChart:
     order = [t for t in _TITLES.values() if t in set(df["title"])]
     return (points + bars).properties(width=180, height=110).facet(
         row=alt.Row("title:N", title=None, sort=order, header=alt.Header(labelAngle=0, labelAlign="left")),
-        column=alt.Column("depth:N", title="layer"),
+        column=alt.Column("depth:N", title="layer", sort=["middle", "last"]),
     ).resolve_scale(y="independent")
 
 
