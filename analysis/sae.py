@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from analysis._stats import t_critical
+from analysis.power_law import t_critical
 from analysis.load import Results
 
 __all__ = ["SAE_METRICS", "sae_rows", "sae_summary"]
