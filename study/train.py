@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from study import distributed
 from study.attribution import Attribution, corpus_token_info
 from study.config import TrialConfig
 from study.data import eval_batch, load_corpus, sample_batch
@@ -267,14 +268,17 @@ def train(
     resume_from: Path | None = None,
 ) -> RunSummary:
     """Train one trial. Checkpoints go to `checkpoint_dir`; `resume_from` (a directory holding
-    a checkpoint; defaults to checkpoint_dir) continues an interrupted run exactly."""
+    a checkpoint; defaults to checkpoint_dir) continues an interrupted run exactly. Inside a
+    torch.distributed group every rank calls this; the probe, rows and checkpoints are rank 0's
+    alone (study.distributed): the other ranks' sinks are never called."""
     sink = sink if sink is not None else MemorySink()
+    ranks = distributed.world()
     t_start = time.perf_counter()
 
     # -- setup: threads, device, precision
     if cfg.runtime.num_threads:
         torch.set_num_threads(cfg.runtime.num_threads)
-    device = resolve_device(cfg.runtime.device)
+    device = distributed.device_for(resolve_device(cfg.runtime.device), ranks)
     on_cuda = device.type == "cuda"
     if on_cuda:
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -288,7 +292,9 @@ def train(
     x_eval, y_eval = eval_batch(corpus, cfg.train.eval_batch.sequences, cfg.eval_seq_len, device)
     model = Transformer.from_config(cfg).to(device)
     optimizer = build_optimizer(cfg, model)
-    step_model = torch.compile(model) if should_compile(cfg.runtime.compile, device, cfg.params) else model
+    rows = distributed.local_rows(cfg.train.batch_size, ranks)
+    parallel_model = distributed.wrap(model, device, ranks)
+    step_model = torch.compile(parallel_model) if should_compile(cfg.runtime.compile, device, cfg.params) else parallel_model
     probe = ActivationProbe(model, cfg.seed)
     attribution = Attribution(model, corpus_token_info(corpus), cfg.seed)
     data_gen = generator_for(cfg.seed, "data")
@@ -304,9 +310,8 @@ def train(
         optimizer.load_state_dict(state["optimizer"])
         data_gen.set_state(state["data_rng"])
         step, wall_before, initial_loss = state["step"], state["wall_s"], state["initial_loss"]
-        sink.begin(step)
-    else:
-        sink.begin(None)
+    if ranks.main:
+        sink.begin(step if ckpt is not None else None)
 
     start_step, total, tps = step, cfg.total_steps, cfg.tokens_per_step
     status, train_loss, val_loss = "done", float("nan"), float("nan")
@@ -322,24 +327,29 @@ def train(
                           and step % cfg.train.checkpoint_every == 0 and start_step < step < total)
         # step 0 is the initial eval; a checkpoint needs the rows up to its step first
         if step == 0 or (step > last_eval and (scheduled or checkpoint_due)):
+            diverged = False
             if on_cuda:  # the queued steps belong to this interval: without it tokens/s reads high
                 torch.cuda.synchronize(device)
             interval = time.perf_counter() - interval_start
             train_time += interval
-            ev = evaluate(cfg, model, probe, (x_eval, y_eval), (losses, grad_norms), since=last_eval, at=step,
-                          seconds=interval, autocast=autocast, attribution=attribution)
-            sink.curves(ev.curves)
-            sink.metrics(ev.metrics)
-            sink.dims(ev.dims)
-            sink.progress(ev.progress)
-            last_eval, train_loss, val_loss = step, ev.train_loss, ev.val_loss
-            initial_loss = val_loss if initial_loss is None else initial_loss
-            # divergence ends the run only at scheduled evals after a step, as it always has
-            if step > start_step and scheduled and (not ev.finite or val_loss > cfg.train.diverge_factor * initial_loss):
+            if ranks.main:  # the probe and every row: rank 0 alone, on the full eval batch
+                ev = evaluate(cfg, model, probe, (x_eval, y_eval), (losses, grad_norms), since=last_eval, at=step,
+                              seconds=interval, autocast=autocast, attribution=attribution)
+                sink.curves(ev.curves)
+                sink.metrics(ev.metrics)
+                sink.dims(ev.dims)
+                sink.progress(ev.progress)
+                train_loss, val_loss = ev.train_loss, ev.val_loss
+                initial_loss = val_loss if initial_loss is None else initial_loss
+                # divergence ends the run only at scheduled evals after a step, as it always has
+                diverged = step > start_step and scheduled and (
+                    not ev.finite or val_loss > cfg.train.diverge_factor * initial_loss)
+            last_eval = step
+            if distributed.rank0_decides(diverged, device, ranks):
                 status = "diverged"
                 break
             interval_start = time.perf_counter()
-        if checkpoint_due:
+        if checkpoint_due and ranks.main:
             sink.flush(step)
             save_checkpoint(Path(checkpoint_dir), {
                 "trial_id": cfg.trial_id, "step": step, "model": model.state_dict(),
@@ -353,6 +363,7 @@ def train(
         for group in optimizer.param_groups:
             group["lr"] = lr_at(cfg, step)
         x, y = sample_batch(corpus.train, cfg.train.batch_size, cfg.data.seq_len, data_gen, device)
+        x, y = x[rows], y[rows]  # the whole global batch is drawn on every rank: the same data order
         with autocast:
             _, loss = step_model(x, y)
         loss.backward()
@@ -363,13 +374,14 @@ def train(
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
-        losses[step] = loss.detach()
+        losses[step] = distributed.mean_across(loss.detach(), ranks)
         grad_norms[step] = norm.detach()
 
     # -- the end: invariance check, runs row
-    if status == "done" and cfg.train.invariance_check:
+    if ranks.main and status == "done" and cfg.train.invariance_check:
         sink.checks(loss_change_by_dtype(model, x_eval, y_eval, cfg.seed))
-    sink.flush(step)
+    if ranks.main:
+        sink.flush(step)
     wall = wall_before + time.perf_counter() - t_start
     throughput = (step - start_step) * tps / train_time if train_time > 0 else 0.0
     summary = RunSummary(
@@ -377,9 +389,10 @@ def train(
         final_train_loss=train_loss, final_val_loss=val_loss, tokens_per_s=throughput, wall_s=wall,
         mfu=mfu(cfg.flops_per_token, throughput, device_name(device)), peak_memory_bytes=peak_memory_bytes(device),
     )
-    if status == "done":
-        sink.final_weights({"trial_id": cfg.trial_id, "model": model.state_dict()})
-    sink.run(run_row(cfg, summary, device, corpus.fingerprint))
+    if ranks.main:
+        if status == "done":
+            sink.final_weights({"trial_id": cfg.trial_id, "model": model.state_dict()})
+        sink.run(run_row(cfg, summary, device, corpus.fingerprint))
     return summary
 
 
