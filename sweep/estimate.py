@@ -12,6 +12,8 @@ The rate, in order of preference:
 CPU rates are per thread in the table and scale with the trial's threads (resources.cpu). A
 trial's wall time is FLOPs / rate; its device-hours are wall x its GPU share (a 0.25-GPU trial
 that runs 4 h costs 1 GPU-hour), which assumes a small trial's rate is the same alone or packed.
+A trial with W workers (resources.workers) runs at W x DATA_PARALLEL_EFFICIENCY x one worker's
+rate and costs W x its share per hour: an assumption, so the estimate says it extrapolates.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ ASSUMED_MFU = 0.35
 """Share of the peak assumed for a GPU nobody has measured yet."""
 ASSUMED_CPU_FLOPS = 1.5e10
 """FLOP/s per CPU thread assumed when the table has no CPU row."""
+DATA_PARALLEL_EFFICIENCY = 0.9
+"""Share of W x one worker's rate a W-worker (DDP) trial is assumed to reach; nobody measured it yet."""
 DEFAULT_GPU = "NVIDIA H200"
 """The device GPU specs are estimated for unless `sweep plan --device` names another."""
 
@@ -113,14 +117,19 @@ def estimate(trials: list[TrialConfig], resources, statuses: dict[str, str], mea
             by_size[params] = (want, Rate(measured_flops_per_s, "measured from finished runs", False)
                                if measured_flops_per_s else table_rate(table, device, params, threads=int(want["cpu"])))
         want, rate = by_size[params]
-        seconds = flops / rate.flops_per_s
+        workers = int(want.get("workers", 1))
+        speedup = workers * DATA_PARALLEL_EFFICIENCY if workers > 1 else 1.0
+        seconds = flops / (rate.flops_per_s * speedup)
         trial_s.append(seconds)
         total += flops
         if not statuses or statuses.get(t.trial_id) not in FINISHED:  # ids cost a hash each
             pending_s += seconds
             share = want["gpu"] if gpu else want["cpu"]
-            pending_hours += seconds * share / 3600
+            pending_hours += seconds * share * workers / 3600
             bases.add(rate.basis)
             extrapolating |= rate.extrapolating
+            if workers > 1:
+                bases.add(f"multi-worker trials at an assumed {DATA_PARALLEL_EFFICIENCY:.0%} data-parallel efficiency")
+                extrapolating = True
     basis = "; ".join(sorted(bases)) or "nothing left to run"
     return Estimate(device, trial_s, total, pending_s, pending_hours, basis, extrapolating)

@@ -198,9 +198,11 @@ class ResourceOverride(_Spec):
     min_params: int = Field(ge=0)
     """Applies to trials with at least this many parameters."""
     cpu: float = Field(gt=0)
-    """CPUs per trial."""
+    """CPUs per trial (per worker)."""
     gpu: float = Field(default=0, ge=0)
-    """GPUs per trial (fractions share a GPU)."""
+    """GPUs per trial (per worker; fractions share a GPU)."""
+    workers: int = Field(default=1, ge=1)
+    """Data-parallel workers per trial (Ray Train), each with `cpu` and `gpu`."""
 
 
 class Resources(_Spec):
@@ -210,6 +212,11 @@ class Resources(_Spec):
     """CPUs per trial (also the trial's torch thread count)."""
     gpu: float = Field(default=0, ge=0)
     """GPUs per trial; a fraction (0.25) packs several small trials on one GPU."""
+    workers: int = Field(default=1, ge=1)
+    """Data-parallel workers per trial (Ray Train's TorchTrainer, DDP); cpu and gpu are per worker.
+    The global batch stays train.batch_size, split evenly over the workers."""
+    sharding: str = "ddp"
+    """How a multi-worker trial splits the work: only ddp (whole parameters on every worker)."""
     by_size: list[ResourceOverride] = []
     """Overrides by parameter count; the largest min_params that applies wins."""
 
@@ -220,6 +227,9 @@ class Resources(_Spec):
                 raise FieldError(loc, f"gpu above 1 must be a whole number, got {g}")
             if g > MAX_GPUS_PER_TRIAL:  # one trial runs on one node: plan would price a trial nothing runs
                 raise FieldError(loc, f"a trial runs on one node: at most {MAX_GPUS_PER_TRIAL} GPUs, got {g:g}")
+        if self.sharding != "ddp":  # FSDP2 would split the whole matrices rotated_adam, soap and muon need
+            raise FieldError("sharding", f"{self.sharding!r} is not supported: only 'ddp' (every worker holds "
+                                         "whole parameters and optimiser state; FSDP is not implemented)")
         return self
 
     @property
@@ -227,11 +237,12 @@ class Resources(_Spec):
         return self.gpu > 0 or any(o.gpu > 0 for o in self.by_size)
 
     def for_params(self, params: int) -> dict[str, float]:
-        cpu, gpu = self.cpu, self.gpu
+        """{"cpu", "gpu"} per worker and "workers" for a trial of this size."""
+        cpu, gpu, workers = self.cpu, self.gpu, self.workers
         for o in sorted(self.by_size, key=lambda o: o.min_params):
             if params >= o.min_params:
-                cpu, gpu = o.cpu, o.gpu
-        return {"cpu": cpu, "gpu": gpu}
+                cpu, gpu, workers = o.cpu, o.gpu, o.workers
+        return {"cpu": cpu, "gpu": gpu, "workers": workers}
 
 
 class SweepSpec(_Spec):
@@ -259,6 +270,16 @@ class SweepSpec(_Spec):
         if self.device.startswith("cuda") and not self.resources.any_gpu:
             raise FieldError("device", f"{self.device} needs resources.gpu > 0: Ray gives a trial "
                                        "without a GPU share no GPU to run on")
+        return self
+
+    @model_validator(mode="after")
+    def _batch_splits_over_workers(self) -> SweepSpec:
+        r = self.resources
+        for loc, n in [(("resources", "workers"), r.workers)] + [
+                (("resources", "by_size", i, "workers"), o.workers) for i, o in enumerate(r.by_size)]:
+            if self.train.batch_size % n:
+                raise FieldError(loc, f"train.batch_size {self.train.batch_size} does not split evenly over {n} "
+                                      "workers (each takes an equal slice of the global batch)")
         return self
 
 
