@@ -226,6 +226,10 @@ def run(
     address: Annotated[Optional[str], typer.Option(help="Ray cluster address (default: RAY_ADDRESS, else a local Ray).")] = None,
     max_concurrent: Annotated[Optional[int], typer.Option("--max-concurrent", min=1, help="Most trials at once.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate and show what would run; start nothing.")] = False,
+    tracker: Annotated[Optional[str], typer.Option(help="Also log to wandb, mlflow or tensorboard (sweep/tracking.py).")] = None,
+    tracker_uri: Annotated[Optional[str], typer.Option(
+        help="W&B project, MLflow tracking URI or TensorBoard folder (defaults: privileged-bases, "
+             "MLFLOW_TRACKING_URI or sqlite:///mlflow.db, ./tensorboard).")] = None,
 ) -> None:
     """Run every trial of the spec not yet complete in the store."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -239,6 +243,13 @@ def run(
         plan(spec_path, results)
         return
     open_store(results, spec.name)  # exit 2 before Ray starts when the store is unreachable
+    if tracker is not None:  # a missing extra or an unreachable tracker: exit 2 before anything trains
+        from sweep import tracking
+
+        try:
+            tracker_uri = tracking.check(tracker, tracker_uri)
+        except tracking.TrackerError as exc:
+            raise bad_input(str(exc)) from None
     folder = storage.join(storage.normalize(results), spec.name)
 
     def on_start(todo):
@@ -253,7 +264,10 @@ def run(
                   f" → {q(folder)}")
         from sweep.progress import ProgressCallback
 
-        return [ProgressCallback(todo, progress, sweep_trials=trials)] if todo else None
+        if not todo:
+            return None
+        trackers = tracking.callbacks(tracker, tracker_uri, spec.name, todo) if tracker is not None else []
+        return [ProgressCallback(todo, progress, sweep_trials=trials), *trackers]
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                         TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=out)

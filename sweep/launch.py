@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -160,20 +161,44 @@ def check_resources(ray, demands: dict[str, dict[str, float]], *, autoscaling: b
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
     best = {k: max((n.get(k, 0.0) for n in nodes), default=0.0) for k in ("CPU", "GPU")}
     _check_against(best, demands, "the largest node has", autoscaling)
+    # a multi-worker trial's workers may spread over nodes, but all of them must fit at once
+    everything = {k: sum(n.get(k, 0.0) for n in nodes) for k in ("CPU", "GPU")}
+    _check_against(everything, {t: _all_workers(w) for t, w in demands.items() if w.get("workers", 1) > 1},
+                   "the whole cluster has", autoscaling)
+
+
+def _all_workers(want: dict[str, float]) -> dict[str, float]:
+    """A multi-worker trial's resources all together (workers x the per-worker cpu and gpu)."""
+    n = want.get("workers", 1)
+    return {"cpu": want["cpu"] * n, "gpu": want["gpu"] * n, "all_workers": n > 1}
 
 
 def _check_against(best: dict[str, float], demands: dict[str, dict[str, float]], where: str,
                    autoscaling: bool = False) -> None:
     for trial_id, want in demands.items():
         if want["cpu"] > best["CPU"] or want["gpu"] > best["GPU"]:
-            message = (f"resources: trial {trial_id} needs cpu={want['cpu']:g} gpu={want['gpu']:g}, but "
-                       f"{where} cpu={best['CPU']:g} gpu={best['GPU']:g}")
+            loc = "workers" if want.get("all_workers") else None
+            message = (f"resources: trial {trial_id} needs cpu={want['cpu']:g} gpu={want['gpu']:g}"
+                       f"{' (all its workers)' if loc else ''}, but {where} cpu={best['CPU']:g} gpu={best['GPU']:g}")
             if not autoscaling:
                 error = SpecError(message)
-                error.loc = ("resources", "gpu" if want["gpu"] > best["GPU"] else "cpu")  # for the spec's line
+                error.loc = ("resources", loc or ("gpu" if want["gpu"] > best["GPU"] else "cpu"))  # the spec's line
                 raise error
             print(f"note: {message} now; waiting for the cluster's autoscaler to add one", file=sys.stderr)
             return
+
+
+def _bounded_concurrency(ray, demands: dict[str, dict[str, float]], max_concurrent: int | None) -> int | None:
+    """Multi-worker trials hold no resources of their own (their Ray Train workers do), so Tune
+    would start every trial at once and leave most waiting for workers: start only as many as
+    the cluster can give all their workers, the largest trial counted for each."""
+    multi = [_all_workers(w) for w in demands.values() if w.get("workers", 1) > 1]
+    if not multi:
+        return max_concurrent
+    total = ray.cluster_resources()
+    fits = min(math.floor(total.get(k.upper(), 0.0) / max(w[k] for w in multi))
+               for k in ("cpu", "gpu") if max(w[k] for w in multi) > 0)
+    return max(1, min(fits, max_concurrent or fits))
 
 
 def run_sweep(
@@ -192,6 +217,11 @@ def run_sweep(
     results = resolve_results(results)
     store = ResultsStore(results, spec.name)
     store.check_writable()  # unreachable endpoint, missing bucket, bad credentials: before Ray starts
+    if not store.local and (spec.resources.workers > 1 or any(o.workers > 1 for o in spec.resources.by_size)):
+        error = SpecError(f"resources.workers: multi-worker trials write and resume through a results folder "
+                          f"every node can read (a local or shared file system), not {store.uri}")
+        error.loc = ("resources", "workers")
+        raise error
     lock = SweepLock(store)
     warning = lock.acquire()  # LockHeld (exit 2) when another run holds this sweep
     try:
@@ -213,7 +243,7 @@ def _run_locked(spec, trials, results, store, address, max_concurrent, num_cpus,
         import torch
 
         local = {"CPU": float(num_cpus or os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}
-        _check_against(local, demands, "this machine has")
+        _check_against(local, {t: _all_workers(w) for t, w in demands.items()}, "this machine has")
     callbacks = on_start(todo) if on_start is not None else None
     if not todo:
         return SweepOutcome(len(trials), len(trials), 0, {}, time.perf_counter() - t0, tuple(notes))
@@ -226,7 +256,11 @@ def _run_locked(spec, trials, results, store, address, max_concurrent, num_cpus,
 
     def resources(config: dict):
         want = config["resources"]
+        if want.get("workers", 1) > 1:  # a light driver; Ray Train reserves the workers itself
+            return tune.PlacementGroupFactory([{"CPU": 0, "memory": 2**20}])  # a token: bundles cannot be empty
         return tune.PlacementGroupFactory([{"CPU": want["cpu"], "GPU": want["gpu"]}])
+
+    max_concurrent = _bounded_concurrency(ray, demands, max_concurrent)
 
     param_space = {
         "results": results,

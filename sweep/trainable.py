@@ -1,4 +1,10 @@
-"""The Ray Tune function trainable: rebuild the TrialConfig, train it into the store."""
+"""The Ray Tune function trainable: rebuild the TrialConfig, train it into the store.
+
+A trial with several workers (resources.workers > 1) is a light Tune driver that runs Ray
+Train's TorchTrainer: each worker runs study.train in the process group Ray Train sets up
+(DDP, study.distributed) and rank 0 writes the rows and checkpoints into the trial's folder. A
+failed worker fails the fit; Tune retries the trial, which resumes from that checkpoint.
+"""
 
 from __future__ import annotations
 
@@ -29,8 +35,14 @@ class TuneSink(StoreSink):
     def run(self, row: dict) -> None:
         super().run({**row, "node": node_label()})
 
+    def metrics(self, rows: list[dict]) -> None:
+        super().metrics(rows)
+        # every layer's residual kurtosis rides in the eval's progress report (trackers chart it)
+        self.layer_kurtosis = {f"kurtosis/resid/L{r['layer']}": r["value"] for r in rows
+                               if (r["site"], r["basis"], r["metric"]) == ("resid", "stored", "kurtosis")}
+
     def progress(self, info: dict) -> None:
-        tune.report({"trial_id": self.trial_id, **info})
+        tune.report({"trial_id": self.trial_id, **info, **getattr(self, "layer_kurtosis", {})})
 
     def checkpoint(self, step: int, directory: Path) -> None:
         tune.report({"trial_id": self.trial_id, "step": step, "checkpoint_step": step},
@@ -64,6 +76,54 @@ def train_trial(cfg: TrialConfig, store: ResultsStore, sink: StoreSink, resume_f
         raise
 
 
+class WorkerSink(StoreSink):
+    """Rank 0's sink inside a Ray Train worker: rows to the store (no Tune session to report to)."""
+
+    def run(self, row: dict) -> None:
+        super().run({**row, "node": node_label()})
+
+
+def train_worker(config: dict) -> None:
+    """One Ray Train worker of a multi-worker trial (every rank calls study.train; rank 0 writes)."""
+    cwd = config.get("cwd")
+    if cwd and os.path.isdir(cwd):
+        os.chdir(cwd)
+    cfg = TrialConfig.model_validate_json(config["trial"])
+    store = ResultsStore(config["results"], cfg.sweep)
+    train(cfg, WorkerSink(store, cfg.trial_id), checkpoint_dir=store.trial_dir(cfg.trial_id))
+
+
+def train_workers(cfg: TrialConfig, store: ResultsStore, want: dict, config: dict) -> dict:
+    """Run a multi-worker trial with TorchTrainer; returns its runs row (rank 0 wrote it). On a failed fit
+    write a `failed` runs row and re-raise, as train_trial does (Tune's retry resumes)."""
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    trial_dir = store.trial_dir(cfg.trial_id)  # launch refuses object stores for multi-worker trials
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    (trial_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+    per_worker = {"CPU": want["cpu"], **({"GPU": want["gpu"]} if want["gpu"] else {})}
+    trainer = TorchTrainer(
+        train_worker,
+        train_loop_config={"trial": cfg.model_dump_json(), "results": config["results"], "cwd": config.get("cwd")},
+        torch_config=TorchConfig(backend="nccl" if want["gpu"] else "gloo"),
+        scaling_config=ScalingConfig(num_workers=int(want["workers"]), use_gpu=bool(want["gpu"]),
+                                     resources_per_worker=per_worker),
+        run_config=RunConfig(name=f"train-{cfg.trial_id}", storage_path=f"{store.path}/ray",
+                             failure_config=FailureConfig(max_failures=0)),  # Tune retries the whole trial
+    )
+    try:
+        trainer.fit()
+    except Exception as exc:
+        try:
+            store.write_run(failed_row(cfg, f"{type(exc).__name__}: {str(exc).strip()[-2000:]}"))
+        except Exception as write_exc:
+            exc.add_note(f"(the failed row could not be written: {str(write_exc).splitlines()[0][:200]})")
+        raise
+    runs = store.read("runs")
+    return next((r for r in runs.to_dicts() if r["trial_id"] == cfg.trial_id), {"status": "missing"})
+
+
 def run_trial(config: dict) -> None:
     """Ray Tune entry point. `config` = {"results": root, "point": {"trial": TrialConfig JSON, ...}}."""
     cwd = config.get("cwd")
@@ -73,6 +133,12 @@ def run_trial(config: dict) -> None:
     store = ResultsStore(config["results"], cfg.sweep)
     sink = TuneSink(store, cfg.trial_id)
     checkpoint = tune.get_checkpoint()
+    want = config["point"].get("resources", {})
+    if want.get("workers", 1) > 1:
+        row = train_workers(cfg, store, want, config)
+        tune.report({"trial_id": cfg.trial_id, "status": row["status"], "step": row.get("steps"),
+                     "total_steps": cfg.total_steps, "val_loss": row.get("final_val_loss"), "finished": True})
+        return
     if store.local:
         # A local (shared) store keeps the newest checkpoint in the trial folder: resume from it.
         summary = train_trial(cfg, store, sink)

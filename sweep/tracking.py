@@ -1,0 +1,230 @@
+"""Trackers: a sweep watched live in W&B, MLflow or TensorBoard, through Ray Tune's own logger callbacks.
+
+One group (W&B) / experiment (MLflow) / folder (TensorBoard) per sweep, one run per trial named
+by its label, the trial's config columns (`TrialConfig.flat`) as parameters, and each eval's
+numbers as series at the training step: losses, tokens/s and the residual kurtosis of every
+layer under `kurtosis/resid/L<l>` (one section; TensorBoard also gets one chart of all layers).
+
+`check` runs before anything trains: a missing package or an unreachable tracker is one line
+(TrackerError, exit 2). A tracker that fails mid-sweep is switched off with one warning: the
+results store never depends on it, so no result row is lost.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+from pathlib import Path
+
+from study.config import TrialConfig
+
+__all__ = ["TRACKERS", "TrackerError", "check", "callbacks", "trial_label", "series"]
+
+TRACKERS = ("wandb", "mlflow", "tensorboard")
+DEFAULT_MLFLOW_URI = "sqlite:///mlflow.db"
+DEFAULT_TENSORBOARD_DIR = "tensorboard"
+DEFAULT_WANDB_PROJECT = "privileged-bases"
+SERIES = ("train_loss", "val_loss", "resid_kurtosis_mean", "tokens_per_s")
+"""The progress numbers each eval reports that become series (besides kurtosis/...)."""
+
+
+class TrackerError(ValueError):
+    """The tracker cannot be used: a missing extra, no credentials, an unreachable server."""
+
+
+def trial_label(cfg: TrialConfig) -> str:
+    """A run's name: the grid point in words (distinct for distinct points of one sweep)."""
+    return (f"d{cfg.model.d_model}x{cfg.model.n_layers} {cfg.optimizer.name} lr {cfg.optimizer.lr:g} {cfg.norm} "
+            f"{cfg.rotation.label} seed {cfg.seed}")
+
+
+def series(result: dict) -> dict:
+    """The numbers of one Tune result worth a series, with the training step as `timesteps_total`
+    and `training_iteration` (the steps Ray's MLflow and TensorBoard callbacks log at: the first
+    when truthy, else the second); {} for results that are not evals (the trial's final report
+    repeats the last eval)."""
+    if "step" not in result or "val_loss" not in result or result.get("finished"):
+        return {}
+    out = {k: result[k] for k in SERIES if isinstance(result.get(k), (int, float)) and math.isfinite(result[k])}
+    out.update({k: v for k, v in result.items() if k.startswith("kurtosis/") and math.isfinite(v)})
+    return {**out, "step": result["step"], "timesteps_total": result["step"], "training_iteration": result["step"]}
+
+
+def _need(module: str, kind: str):
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise TrackerError(f"--tracker {kind}: the {module} package is not installed "
+                           "(pip install 'privileged-bases-sweep[track]')") from None
+
+
+def check(kind: str, target: str | None) -> str:
+    """Fail fast (TrackerError) unless the tracker can be written to; returns the resolved target:
+    the W&B project, the MLflow tracking URI, or the TensorBoard folder."""
+    if kind not in TRACKERS:
+        raise TrackerError(f"--tracker {kind}: unknown; one of {', '.join(TRACKERS)}")
+    if kind == "tensorboard":
+        _need("tensorboardX", kind)
+        folder = Path(target or DEFAULT_TENSORBOARD_DIR)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            probe = folder / ".write-test"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as exc:
+            raise TrackerError(f"--tracker tensorboard: cannot write to {folder}: {exc.strerror or exc}") from None
+        return str(folder.resolve())
+    if kind == "mlflow":
+        mlflow = _need("mlflow", kind)
+        uri = target or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_MLFLOW_URI
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # fail in seconds, not minutes
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        try:
+            mlflow.MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+        except Exception as exc:
+            raise TrackerError(f"--tracker mlflow: {uri} cannot be reached: {_first_line(exc)}") from None
+        return uri
+    wandb = _need("wandb", kind)
+    project = target or os.environ.get("WANDB_PROJECT") or DEFAULT_WANDB_PROJECT
+    if os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun"):
+        return project
+    if not (os.environ.get("WANDB_API_KEY") or wandb.Api(timeout=10).api_key):
+        raise TrackerError("--tracker wandb: no W&B API key (run `wandb login`, or set WANDB_MODE=offline)")
+    try:
+        wandb.Api(timeout=10).viewer  # noqa: B018 - one authenticated request
+    except Exception as exc:
+        raise TrackerError(f"--tracker wandb: the W&B server cannot be reached: {_first_line(exc)}") from None
+    return project
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
+
+
+def callbacks(kind: str, target: str, sweep: str, trials: list[TrialConfig]) -> list:
+    """The Ray Tune callback for `kind` (after `check`), knowing each trial's label and parameters."""
+    runs = {t.trial_id: (trial_label(t), {k: v for k, v in t.flat().items() if v is not None}) for t in trials}
+    if kind == "wandb":
+        return [_wandb_callback()(runs, project=target, group=sweep)]
+    if kind == "mlflow":
+        return [_mlflow_callback()(runs, tracking_uri=target, experiment_name=sweep)]
+    return [_tensorboard_callback()(runs, Path(target) / sweep)]
+
+
+class _Guarded:
+    """Shared by the three callbacks: our trial's label and parameters, results reduced to the
+    series, and any tracker error switching the tracker off (one warning) instead of ending Tune."""
+
+    name = "tracker"
+
+    def __init__(self, runs: dict[str, tuple[str, dict]], *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.runs = runs
+        self.broken: str | None = None
+
+    def run_of(self, trial) -> tuple[str, str, dict]:
+        trial_id = trial.config["point"]["trial_id"]
+        label, params = self.runs[trial_id]
+        return trial_id, label, params
+
+    def _guard(self, method, *args) -> None:
+        if self.broken is not None:
+            return
+        try:
+            method(*args)
+        except Exception as exc:
+            self.broken = _first_line(exc)
+            print(f"warning: the {self.name} tracker failed and is off for the rest of this sweep "
+                  f"({self.broken}); the results store is unaffected", file=sys.stderr)
+
+    def setup(self, *args, **kwargs):
+        self._guard(lambda: super(_Guarded, self).setup(*args, **kwargs))
+
+    def log_trial_start(self, trial):
+        self._guard(self.start_run, trial)
+
+    def log_trial_result(self, iteration, trial, result):
+        numbers = series(result)
+        if numbers:
+            self._guard(super().log_trial_result, iteration, trial, numbers)
+
+    def log_trial_end(self, trial, failed=False):
+        self._guard(super().log_trial_end, trial, failed)
+
+    def on_experiment_end(self, trials, **info):
+        self._guard(lambda: super(_Guarded, self).on_experiment_end(trials, **info))
+
+    def start_run(self, trial) -> None:
+        raise NotImplementedError
+
+
+def _wandb_callback():
+    from ray.air.integrations.wandb import WandbLoggerCallback
+
+    class WandbCallback(_Guarded, WandbLoggerCallback):
+        """W&B: project = target, group = the sweep, one run per trial (id = trial_id)."""
+
+        name = "wandb"
+
+        def start_run(self, trial) -> None:
+            trial_id, label, params = self.run_of(trial)
+            self._start_logging_actor(
+                trial, [*self._exclude_results, *self.excludes, "config"], id=trial_id, name=label,
+                resume="allow", reinit=True, allow_val_change=True, group=self.group, project=self.project,
+                config=params, **self.kwargs)
+
+    return WandbCallback
+
+
+def _mlflow_callback():
+    from ray.air.integrations.mlflow import MLflowLoggerCallback
+
+    class MLflowCallback(_Guarded, MLflowLoggerCallback):
+        """MLflow: experiment = the sweep, one run per trial (tag trial_id), params = config columns."""
+
+        name = "mlflow"
+
+        def start_run(self, trial) -> None:
+            if trial in self._trial_runs:  # a retried trial continues its run
+                return
+            trial_id, label, params = self.run_of(trial)
+            run = self.mlflow_util.start_run(tags={**self.tags, "trial_id": trial_id}, run_name=label)
+            self._trial_runs[trial] = run.info.run_id
+            self.mlflow_util.log_params(run_id=run.info.run_id, params_to_log=params)
+
+    return MLflowCallback
+
+
+def _tensorboard_callback():
+    from ray.tune.logger import TBXLoggerCallback
+
+    class TensorBoardCallback(_Guarded, TBXLoggerCallback):
+        """TensorBoard: <folder>/<sweep>/<label>/ per trial, plus one chart of every layer's kurtosis."""
+
+        name = "tensorboard"
+
+        def __init__(self, runs, folder: Path):
+            super().__init__(runs)
+            self.folder = folder
+
+        def start_run(self, trial) -> None:
+            if trial in self._trial_writer:
+                self._trial_writer[trial].close()
+            _, label, params = self.run_of(trial)
+            writer = self._summary_writer_cls(str(self.folder / re.sub(r"[^\w.=-]+", "_", label)), flush_secs=30)
+            writer.add_custom_scalars_multilinechart([r"ray/tune/kurtosis/resid/L\d+"], category="kurtosis",
+                                                     title="residual kurtosis, every layer")
+            writer.add_text("config", "\n".join(f"    {k}: {v}" for k, v in params.items()))
+            self._trial_writer[trial] = writer
+            self._trial_result[trial] = {}
+
+        def log_trial_end(self, trial, failed=False):  # Ray's hparams logging wants Tune's own config
+            if trial in self._trial_writer:
+                self._guard(self._trial_writer.pop(trial).close)
+
+    return TensorBoardCallback

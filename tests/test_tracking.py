@@ -1,0 +1,206 @@
+"""Trackers offline on a real local Ray sweep: W&B offline files, MLflow on sqlite, TensorBoard events."""
+
+import json
+import os
+import sqlite3
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sweep import tracking
+from sweep.grid import expand
+from sweep.spec import parse_spec
+
+SPEC = {
+    "name": "tracked",
+    "data": {"seq_len": 16},
+    "train": {"steps": 8, "batch_size": 4, "eval_every": 4, "checkpoint_every": 4, "eval_batch": {"sequences": 2},
+              "invariance_check": False},
+    "grid": {"model": [{"d_model": 16, "n_layers": 2, "n_heads": 2}],
+             "optimizer": [{"name": "adam", "lr": 3e-3}, {"name": "sgd", "lr": 0.1}],
+             "norm": ["rmsnorm_scalar"], "seed": [0]},
+    "resources": {"cpu": 1},
+    "retries": 0,
+}
+LAYERS = ["kurtosis/resid/L0", "kurtosis/resid/L1", "kurtosis/resid/L2"]
+
+
+@pytest.fixture(scope="module")
+def local_ray(tmp_path_factory):
+    """A local Ray on loopback, W&B offline into a temporary folder (the env is set before Ray
+    starts, so W&B's logging actors inherit it); stopped by handle."""
+    import ray
+
+    from sweep.launch import _loopback_only
+
+    wandb_dir = tmp_path_factory.mktemp("wandb")
+    saved = {k: os.environ.get(k) for k in ("WANDB_MODE", "WANDB_DIR", "WANDB_SILENT")}
+    os.environ.update(WANDB_MODE="offline", WANDB_DIR=str(wandb_dir), WANDB_SILENT="true")
+    _loopback_only()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             _node_ip_address="127.0.0.1")
+    try:
+        yield wandb_dir
+    finally:
+        ray.shutdown()
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory, local_ray):
+    """One sweep of two trials with all three trackers attached."""
+    from sweep.launch import run_sweep
+
+    tmp = tmp_path_factory.mktemp("tracked")
+    spec = parse_spec(SPEC)
+    trials = expand(spec)
+    targets = {"wandb": tracking.check("wandb", "tests"),
+               "mlflow": tracking.check("mlflow", f"sqlite:///{tmp}/mlflow.db"),
+               "tensorboard": tracking.check("tensorboard", str(tmp / "tb"))}
+    outcome = run_sweep(spec, trials, tmp / "results", on_start=lambda todo: [
+        cb for kind, target in targets.items() for cb in tracking.callbacks(kind, target, spec.name, todo)])
+    assert outcome.failed == [] and outcome.missing == []
+    return local_ray, tmp, trials, targets
+
+
+def wandb_records(path: Path):
+    """The records of an offline W&B run file (LevelDB-log framing of wandb_internal Records)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data, pos, block, buf = path.read_bytes(), 7, 32768, b""
+    assert data[:4] == b":W&B"
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:
+            pos += block - pos % block
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        buf, pos = buf + data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind in (1, 4):  # a whole record, or the last piece of one
+            rec = pb.Record()
+            rec.ParseFromString(buf)
+            buf = b""
+            yield rec
+
+
+@pytest.mark.slow
+def test_wandb_offline_has_one_run_per_trial_with_params_and_series(swept):
+    wandb_dir, _, trials, _ = swept
+    files = sorted(wandb_dir.glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(files) == len(trials)
+    by_id = {}
+    for f in files:
+        recs = list(wandb_records(f))
+        run = next(r.run for r in recs if r.WhichOneof("record_type") == "run")
+        config = {i.key: json.loads(i.value_json) for r in recs if r.WhichOneof("record_type") in ("run", "config")
+                  for i in (r.run.config.update if r.WhichOneof("record_type") == "run" else r.config.update)}
+        history = [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+                   for r in recs if r.WhichOneof("record_type") == "history"]
+        by_id[run.run_id] = (run, config, history)
+    for cfg in trials:
+        run, config, history = by_id[cfg.trial_id]
+        assert run.display_name == tracking.trial_label(cfg) and run.run_group == "tracked" and run.project == "tests"
+        assert config["optimizer"] == cfg.optimizer.name and config["lr"] == cfg.optimizer.lr
+        assert config["config_id"] == cfg.config_id
+        evals = [h for h in history if "val_loss" in h]
+        assert [h["step"] for h in evals] == [0, 4, 8], history
+        assert all(set(LAYERS) <= set(h) for h in evals)
+
+
+@pytest.mark.slow
+def test_mlflow_has_one_experiment_one_run_per_trial_params_and_metric_series(swept):
+    import mlflow
+
+    _, _, trials, targets = swept
+    client = mlflow.MlflowClient(tracking_uri=targets["mlflow"])
+    experiment = client.get_experiment_by_name("tracked")
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == len(trials)
+    by_id = {r.data.tags["trial_id"]: r for r in runs}
+    for cfg in trials:
+        run = by_id[cfg.trial_id]
+        assert run.info.run_name == tracking.trial_label(cfg) and run.info.status == "FINISHED"
+        assert run.data.params["optimizer"] == cfg.optimizer.name and float(run.data.params["lr"]) == cfg.optimizer.lr
+        for key in ["val_loss", *LAYERS]:
+            assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [0, 4, 8], key
+
+
+@pytest.mark.slow
+def test_tensorboard_event_files_hold_each_layers_kurtosis_per_eval_and_one_chart(swept):
+    _, tmp, trials, _ = swept
+    for cfg in trials:
+        folders = [p for p in (tmp / "tb" / "tracked").iterdir() if p.name.startswith(f"d16x2_{cfg.optimizer.name}_")]
+        assert len(folders) == 1
+        scalars, layouts = {}, []
+        for event in (e for f in folders[0].glob("events.out.tfevents.*") for e in tensorboard_events(f)):
+            for value in event.summary.value:
+                if value.tag == "custom_scalars__config__":
+                    layouts.append(value.tensor.string_val[0])
+                elif value.HasField("simple_value"):
+                    scalars.setdefault(value.tag, []).append(event.step)
+        for key in ["val_loss", *LAYERS]:
+            assert scalars[f"ray/tune/{key}"] == [0, 4, 8], key
+        assert len(layouts) == 1 and b"kurtosis/resid/L" in layouts[0]  # one chart with every layer
+
+
+def tensorboard_events(path: Path):
+    """The Event protos of a TensorBoard event file (TFRecord framing: length, crc, data, crc)."""
+    from tensorboardX.proto.event_pb2 import Event
+
+    data, pos = path.read_bytes(), 0
+    while pos + 12 <= len(data):
+        (length,) = struct.unpack("<Q", data[pos:pos + 8])
+        event = Event()
+        event.ParseFromString(data[pos + 12:pos + 12 + length])
+        pos += 12 + length + 4
+        yield event
+
+
+def test_a_missing_or_unreachable_tracker_is_one_line_and_exit_2_before_anything_trains(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(json.dumps(SPEC))
+    env = {**os.environ, "MLFLOW_TRACKING_URI": "http://127.0.0.1:9", "WANDB_MODE": "online", "WANDB_API_KEY": ""}
+    for args, said in ((["--tracker", "mlflow"], "--tracker mlflow: http://127.0.0.1:9 cannot be reached"),
+                       (["--tracker", "neptune"], "--tracker neptune: unknown; one of wandb, mlflow, tensorboard")):
+        proc = subprocess.run([sys.executable, "-m", "sweep.cli", "run", str(spec), "--results", str(tmp_path / "r"),
+                               *args], capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+        assert proc.returncode == 2, proc.stderr
+        assert said in proc.stderr and "Traceback" not in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert not (tmp_path / "r" / "tracked" / "runs").exists()
+
+
+def test_a_missing_extra_is_named(monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if the [track] extra were not installed
+    with pytest.raises(tracking.TrackerError, match=r"--tracker wandb: the wandb package is not installed "
+                                                    r"\(pip install 'privileged-bases-sweep\[track\]'\)"):
+        tracking.check("wandb", None)
+
+
+@pytest.mark.slow
+def test_a_tracker_failing_mid_sweep_loses_no_result_row(tmp_path, local_ray):
+    """The MLflow database loses its metrics table after the first result: the tracker is switched
+    off with a warning and every trial still writes all its rows."""
+    from ray.tune import Callback
+
+    from sweep.launch import run_sweep
+    from sweep.store import ResultsStore
+
+    class BreakTheDatabase(Callback):
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            with sqlite3.connect(tmp_path / "mlflow.db") as db:
+                db.execute("DROP TABLE IF EXISTS metrics")
+
+    spec = parse_spec(SPEC)
+    trials = expand(spec)
+    target = tracking.check("mlflow", f"sqlite:///{tmp_path}/mlflow.db")
+    callbacks = tracking.callbacks("mlflow", target, spec.name, trials)
+    outcome = run_sweep(spec, trials, tmp_path / "r", on_start=lambda todo: [BreakTheDatabase(), *callbacks])
+    assert callbacks[0].broken, "the tracker never failed: the test tested nothing"
+    assert outcome.failed == [] and outcome.missing == []
+    store = ResultsStore(tmp_path / "r", spec.name)
+    assert set(store.statuses().values()) == {"done"} and len(store.statuses()) == len(trials)
+    assert sorted(store.read("curves")["step"].to_list()) == sorted(list(range(9)) * len(trials))
