@@ -11,7 +11,12 @@ Rows:
 3. rotated_adam vs adam step time at d_model 768 and 1280 (eager bf16, 40 steps, the
    steady-state interval), against the 1.15x budget;
 4. a 4-trial sweep of quarter-GPU trials (`gpu: 0.25`) through `sweep run` on one GPU: wall
-   time, each trial's tokens/s and peak memory.
+   time, each trial's tokens/s and peak memory;
+5. where the machine has two GPUs: one trial with `resources: {workers: 2, gpu: 1}` through
+   `sweep run` (Ray Train, DDP over NCCL) against the same trial on one GPU: the final val loss
+   agrees (same global batch) and tokens/s scales (the data-parallel efficiency `sweep plan`
+   assumes, sweep.estimate.DATA_PARALLEL_EFFICIENCY). Skipped on one GPU; --cpu-smoke runs it
+   with two gloo workers on CPU.
 Throughput does not depend on the text, so the corpus is a random-token stand-in of the
 flagship's vocabulary (32768). --write stores the compiled trial's sustained FLOP/s as the
 device's row in sweep/throughput.json (what `sweep plan` estimates from).
@@ -36,7 +41,7 @@ import torch
 from study.config import TrialConfig
 from study.device import peak_flops
 from study.train import MemorySink, device_name, train
-from sweep.estimate import TABLE
+from sweep.estimate import DATA_PARALLEL_EFFICIENCY, TABLE
 from sweep.prepare import write_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,7 +88,7 @@ def main() -> None:
     n, vocab = (50_000, 512) if smoke else (4_000_000, VOCAB)  # the smoke's logits stay small
     write_corpus(corpus, {"train": rng.integers(0, vocab, n), "val": rng.integers(0, vocab, n // 20)}, vocab)
 
-    note("1/4 CUDA-marked tests")
+    note("1/5 CUDA-marked tests")
     if smoke:
         rows.append(("cuda tests", "pytest -m cuda", "skipped", "--cpu-smoke"))
     else:
@@ -92,7 +97,7 @@ def main() -> None:
         tail = (r.stdout.strip().splitlines() or ["no output"])[-1]
         rows.append(("cuda tests", "pytest -m cuda", tail, "pass" if r.returncode == 0 else f"FAIL rc={r.returncode}"))
 
-    note("2/4 MFU trial")  # ~125M parameters, bf16 + compile, every metric on
+    note("2/5 MFU trial")  # ~125M parameters, bf16 + compile, every metric on
     big = (64, 2, 2, 6, 3, 4, 64) if smoke else (768, 12, 12, 150, 50, 64, 1024)
     d, layers, heads, steps, every, batch, seq = big
     cfg = trial(corpus, d, layers, heads, "adam", steps, every, batch, seq, device, compile_=not smoke)
@@ -109,7 +114,7 @@ def main() -> None:
     measured = {"params": cfg.params, "d_model": d, "n_layers": layers, "tokens_per_s": tps,
                 "flops_per_s": cfg.flops_per_token * tps, "mfu": mfu, "compile": not smoke}
 
-    note("3/4 rotated_adam vs adam step time")
+    note("3/5 rotated_adam vs adam step time")
     shapes = [(32, 2, 2), (48, 2, 2)] if smoke else [(768, 12, 12), (1280, 10, 10)]
     for d, layers, heads in shapes:
         rate = {}
@@ -123,7 +128,7 @@ def main() -> None:
         rows.append(("rotated_adam / adam", f"d_model {d}, {layers} layers, eager {'fp32' if smoke else 'bf16'}", f"{ratio:.3f}x step time",
                      f"<= 1.15x · adam {rate['adam']:,.0f} tok/s"))
 
-    note("4/4 four quarter-GPU trials through sweep run")
+    note("4/5 four quarter-GPU trials through sweep run")
     spec = tmp / "frac.yaml"
     spec.write_text(textwrap.dedent(f"""\
         name: frac
@@ -155,6 +160,12 @@ def main() -> None:
         rows.append(("fractional sweep", "4 trials x gpu 0.25", f"FAIL rc={r.returncode}",
                      (r.stderr.strip().splitlines() or ["?"])[-1][:80]))
 
+    note("5/5 a two-worker (data-parallel) trial against one worker")
+    if not smoke and torch.cuda.device_count() < 2:
+        rows.append(("2-GPU data parallel", "workers: 2, gpu: 1", "skipped", f"{torch.cuda.device_count()} GPU here"))
+    else:
+        rows.append(two_workers(corpus, tmp, device, smoke))
+
     width = [max(len(row[i]) for row in rows + [("check", "config", "result", "target / notes")]) for i in range(4)]
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, width))  # noqa: E731
     print(f"\ngpu_check on {name} · torch {torch.__version__} · {time.perf_counter() - t_all:.0f}s"
@@ -172,6 +183,47 @@ def main() -> None:
         print(f"wrote the {torch.cuda.get_device_name()!r} row of {TABLE}")
     if any(row[2].startswith("FAIL") or row[3].startswith("FAIL") for row in rows):
         sys.exit(1)
+
+
+def two_workers(corpus: Path, tmp: Path, device: str, smoke: bool) -> tuple[str, str, str, str]:
+    """The same trial on one device (study.train) and as 2 Ray Train workers (sweep run)."""
+    d, layers, heads, steps, every, batch, seq = (32, 2, 2, 8, 4, 4, 64) if smoke else (768, 12, 12, 200, 100, 32, 1024)
+    cfg = trial(corpus, d, layers, heads, "adam", steps, every, batch, seq, device, compile_=False)
+    one = MemorySink()
+    train(cfg, one)
+    spec = tmp / "ddp.yaml"
+    spec.write_text(textwrap.dedent(f"""\
+        name: ddp
+        data: {{tokens: {corpus}, seq_len: {seq}}}
+        train: {{steps: {steps}, batch_size: {batch}, eval_every: {every}, eval_batch: {{sequences: 16}},
+                 checkpoint_every: 0, invariance_check: false, warmup: 10}}
+        grid:
+          model: [{{d_model: {d}, n_layers: {layers}, n_heads: {heads}}}]
+          optimizer: [{{name: adam, lr: 6.0e-4}}]
+          norm: [rmsnorm_scalar]
+          rotation: [shared]
+          seed: [0]
+        resources: {{cpu: 1, gpu: {0 if smoke else 1}, workers: 2}}
+        device: {device}
+        compile: false
+        retries: 0
+        """))
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "sweep.cli", "run", str(spec), "--results", str(tmp / "results")],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    wall = time.perf_counter() - t0
+    if r.returncode != 0:
+        return ("2-GPU data parallel", "workers: 2", f"FAIL rc={r.returncode}", (r.stderr.strip().splitlines() or ["?"])[-1][:80])
+    import polars as pl
+
+    run = pl.read_parquet(str(tmp / "results" / "ddp" / "runs" / "*.parquet")).row(0, named=True)
+    loss_1, loss_2 = one.run_row["final_val_loss"], run["final_val_loss"]
+    efficiency = run["tokens_per_s"] / (2 * one.run_row["tokens_per_s"])
+    agree = abs(loss_2 - loss_1) <= 0.02 * abs(loss_1)  # bf16 + NCCL sums in another order: not bitwise
+    return ("2-GPU data parallel", f"d{d}x{layers}, batch {batch} = 2 x {batch // 2}, {steps} steps, eager",
+            f"{efficiency:.0%} efficiency" if agree else f"FAIL val loss {loss_2:.4f} vs {loss_1:.4f}",
+            f"val loss {loss_2:.4f} vs 1 GPU {loss_1:.4f} · {run['tokens_per_s']:,.0f} vs {one.run_row['tokens_per_s']:,.0f}"
+            f" tok/s · {wall:.0f}s · assumed {DATA_PARALLEL_EFFICIENCY:.0%}")
 
 
 if __name__ == "__main__":

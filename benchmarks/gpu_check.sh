@@ -7,7 +7,8 @@
 #
 # Runs the CUDA-marked tests, the MFU of a ~136M-parameter trial (bf16 + torch.compile, every
 # metric on), rotated_adam vs adam step time at d_model 768 and 1280, and four quarter-GPU
-# trials through `sweep run` on one GPU; prints one table (benchmarks/gpu_check.py).
+# trials through `sweep run` on one GPU, and where there are two GPUs a two-worker data-parallel
+# trial (Ray Train, DDP over NCCL) against one GPU; prints one table (benchmarks/gpu_check.py).
 # Exit 2 without CUDA (unless --cpu-smoke), 1 if a check failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
