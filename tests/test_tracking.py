@@ -37,8 +37,11 @@ def local_ray(tmp_path_factory):
     from sweep.launch import _loopback_only
 
     wandb_dir = tmp_path_factory.mktemp("wandb")
-    saved = {k: os.environ.get(k) for k in ("WANDB_MODE", "WANDB_DIR", "WANDB_SILENT")}
-    os.environ.update(WANDB_MODE="offline", WANDB_DIR=str(wandb_dir), WANDB_SILENT="true")
+    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(wandb_dir), "WANDB_SILENT": "true",
+           # a loaded CI box can take longer than W&B's default 90 s to start its service and a run
+           "WANDB_INIT_TIMEOUT": "600", "WANDB__SERVICE_WAIT": "600"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     _loopback_only()
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
              _node_ip_address="127.0.0.1")
