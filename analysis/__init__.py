@@ -14,6 +14,7 @@ ones (charts, report: Altair, vl-convert) load on first use (``analysis.charts``
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from analysis import fits, identity, labels, power_law, queries, schema, selection
@@ -39,7 +40,10 @@ __all__ = sorted({*(n for m in _EAGER for n in m.__all__), *_LAZY})
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
+    # A submodule not yet imported (`from analysis import counts` inside the report's own
+    # modules) is that submodule; resolving it through `report` would import the report
+    # machinery half-way through its own import.
+    if name in _LAZY or importlib.util.find_spec(f"{__name__}.{name}") is not None:
         return importlib.import_module(f"{__name__}.{name}")
     report = importlib.import_module(f"{__name__}.report")
     if name in report.__all__:
