@@ -60,7 +60,7 @@ SIZE_COLUMNS = ("d_model", "n_layers", "n_heads", "d_mlp", "params", "params_non
 LABEL_COLUMNS = (
     "optimizer", "optimizer_family", "lr", "momentum", "nesterov", "weight_decay", "eps",
     "beta1", "beta2", "rotate", "norm", "rotation", "group_size", "rotation_groups",
-    "rotation_label",
+    "rotation_label", "precondition_frequency", "muon_ends",
 )  # fmt: skip
 """Run columns that are functions of ``config_id``: carried along aggregates as labels (the
 first value per config), never grouped by."""

@@ -219,7 +219,7 @@ def onset(
 _LINE_LABELS = ("optimizer", "optimizer_family", "norm", "rotation_label")
 
 
-_HYPER = ("momentum", "nesterov", "weight_decay", "eps", "beta1", "beta2", "rotate")
+_HYPER = ("momentum", "nesterov", "weight_decay", "eps", "beta1", "beta2", "rotate", "precondition_frequency", "muon_ends")
 
 
 def line_labels(frame: pl.DataFrame | pl.LazyFrame, key: str = "tuned_line_id") -> pl.DataFrame:

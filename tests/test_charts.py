@@ -363,3 +363,20 @@ def _save_both(chart: alt.TopLevelMixin, stem: Path) -> None:
     chart.save(f"{stem}.svg")
     chart.save(f"{stem}.png")
     assert "<path" in Path(f"{stem}.svg").read_text() and Path(f"{stem}.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_legends_and_line_labels_name_muon_ends_and_precondition_frequency() -> None:
+    # issue 23: two Muons that differ only in what trains their ends (or two SOAPs only in their
+    # precondition frequency) must not share one legend entry or one line label
+    from analysis.charts.frames import decorate
+
+    rows = pl.DataFrame({
+        "optimizer": ["muon", "muon", "soap", "soap"], "muon_ends": ["adamw", "sgd", None, None],
+        "precondition_frequency": [None, None, 10, 50], "lr": [3e-3] * 4, "norm": ["rmsnorm_scalar"] * 4,
+        "rotation_label": ["none"] * 4, "tuned_line_id": ["a", "b", "c", "d"],
+    })
+    variants = decorate(rows, None).get_column("variant").to_list()
+    assert len(set(variants[:2])) == 2 and len(set(variants[2:])) == 2, variants
+    labels = dict(selection.line_labels(rows).select("tuned_line_id", "config").iter_rows())
+    assert "muon_ends=adamw" in labels["a"] and "muon_ends=sgd" in labels["b"], labels
+    assert "precondition_frequency=10" in labels["c"] and "precondition_frequency=50" in labels["d"], labels

@@ -141,7 +141,7 @@ def facet_column(facet: str | None) -> str | None:
 
 VARIANT_AXES = (
     "norm", "rotation_label", "lr", "momentum", "nesterov", "weight_decay", "eps", "beta1",
-    "beta2", "rotate",
+    "beta2", "rotate", "precondition_frequency", "muon_ends",
 )  # fmt: skip
 
 
