@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from analysis.fits import typed_frame
+
 __all__ = [
     "STRUCTURAL_D", "STRUCTURAL_NOTE", "CountFit", "count_fit_curves", "count_fits_table", "fit_count_power_law",
     "fit_counts_each",
@@ -194,13 +196,7 @@ def count_fits_table(fitted: dict[tuple[Hashable, ...], CountFit | str], by: Seq
         "n_x": pl.Int64, "n_seeds": pl.Int64, "interval": pl.String, "offset": pl.Float64,
         "dispersion": pl.Float64, "note": pl.String,
     }  # fmt: skip
-    if not rows:
-        return pl.DataFrame(schema={**{b: pl.String for b in by}, **schema})
-    table = pl.from_dicts(rows, infer_schema_length=None)
-    table = table.with_columns(
-        [pl.col(c).cast(t) if c in table.columns else pl.lit(None, t).alias(c) for c, t in schema.items()]
-    )
-    return table.select(*by, *schema)
+    return typed_frame(rows, by, schema)
 
 
 def count_fit_curves(

@@ -130,6 +130,12 @@ def fits_table(
         "offset": pl.Float64,
         "note": pl.String,
     }
+    return typed_frame(rows, by, schema)
+
+
+def typed_frame(rows: list[dict[str, Any]], by: Sequence[str], schema: dict[str, Any]) -> pl.DataFrame:
+    """``rows`` as a frame with the ``by`` columns (strings when empty), then exactly the columns
+    of ``schema`` in its order and types (a column no row has is all null)."""
     if not rows:
         return pl.DataFrame(schema={**{b: pl.String for b in by}, **schema})
     table = pl.from_dicts(rows, infer_schema_length=None)
