@@ -15,7 +15,9 @@ it online in higher precision as QuaRot does with Hadamards). So a rotated model
 matmuls see the computation basis, which is what the comparison with the unrotated one asks.
 
 Recorded as metrics rows: metric `quant_loss_delta`, basis `w8a8` | `w4a4`, site `model`,
-layer -1 (DESIGN.md "Quantisation cost").
+layer -1 (DESIGN.md "Quantisation cost"), and beside it `quant_loss_delta_se`: the standard error of
+the penalty over the eval batch's sequences (sd of the per-sequence quantised-minus-float loss /
+sqrt(sequences)), the floor below which a difference of penalties is this eval batch's noise.
 """
 
 from __future__ import annotations
@@ -89,7 +91,38 @@ def quantised_losses(model: nn.Module, x: Tensor, y: Tensor, schemes: Sequence[s
     return torch.stack(losses)
 
 
-def quant_rows(losses: Sequence[float], float_loss: float, schemes: Sequence[str] = tuple(SCHEMES)) -> list[dict]:
-    """Metrics rows (layer, site, basis, metric, value): quantised loss minus the float loss."""
-    return [{"layer": -1, "site": "model", "basis": name, "metric": "quant_loss_delta", "value": q - float_loss}
+def _sequence_losses(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+    """(B,) mean cross-entropy of each sequence."""
+    logits = model(x, y)[0].float()  # (B, T, V)
+    return torch.nn.functional.cross_entropy(logits.transpose(1, 2), y, reduction="none").mean(1)
+
+
+def quantised_delta_se(model: nn.Module, x: Tensor, y: Tensor, schemes: Sequence[str] = tuple(SCHEMES)) -> Tensor:
+    """(len(schemes),) standard error of each scheme's penalty over the batch's sequences:
+    sd_i(q_i - f_i) / sqrt(B), q_i and f_i sequence i's quantised and float losses. One float and
+    one forward per scheme, no host sync; eval mode restored. nan with one sequence."""
+    model = getattr(model, "_orig_mod", model)
+    was_training = model.training
+    ses = []
+    try:
+        model.eval()
+        with torch.no_grad():
+            float_losses = _sequence_losses(model, x, y)
+            for name in schemes:
+                with quantised(model, *SCHEMES[name]):
+                    delta = _sequence_losses(model, x, y) - float_losses
+                ses.append(delta.std() / delta.numel() ** 0.5)
+    finally:
+        model.train(was_training)
+    return torch.stack(ses)
+
+
+def quant_rows(losses: Sequence[float], float_loss: float, schemes: Sequence[str] = tuple(SCHEMES),
+               standard_errors: Sequence[float] = ()) -> list[dict]:
+    """Metrics rows (layer, site, basis, metric, value): quantised loss minus the float loss, and,
+    when given, each penalty's standard error over the eval sequences (`quant_loss_delta_se`)."""
+    rows = [{"layer": -1, "site": "model", "basis": name, "metric": "quant_loss_delta", "value": q - float_loss}
             for name, q in zip(schemes, losses)]
+    rows += [{"layer": -1, "site": "model", "basis": name, "metric": "quant_loss_delta_se", "value": se}
+             for name, se in zip(schemes, standard_errors)]
+    return rows

@@ -30,7 +30,7 @@ from study.invariance import loss_change_by_dtype
 from study.metrics import ActivationProbe
 from study.model import Transformer
 from study.optim import build_optimizer
-from study.quant import quant_rows, quantised_losses
+from study.quant import quant_rows, quantised_delta_se, quantised_losses
 from study.rotation import generator_for
 
 if TYPE_CHECKING:  # the runs-table contract; study does not import analysis at run time
@@ -225,7 +225,7 @@ def evaluate(cfg: TrialConfig, model: Transformer, probe: ActivationProbe, batch
     a = cfg.train.attribution_every
     attribute = attribution is not None and (at == total or (a > 0 and at % (a * cfg.train.eval_every) == 0))
     with autocast:  # quantised losses and attribution first, so they ride in the probe's one readback
-        q = (quantised_losses(model, x_eval, y_eval),) if quant else ()
+        q = (quantised_losses(model, x_eval, y_eval), quantised_delta_se(model, x_eval, y_eval)) if quant else ()
         dims = attribution.measure(x_eval, y_eval) if attribute else None
         result = probe.run(x_eval, y_eval, extra=(losses[new.start : new.stop], grad_norms[new.start : new.stop], *q,
                                                   *((dims.values,) if dims else ())))
@@ -242,7 +242,7 @@ def evaluate(cfg: TrialConfig, model: Transformer, probe: ActivationProbe, batch
     else:  # the initial eval: a curve point with only the val loss
         curves = [{"step": at, "tokens": at * tps, "train_loss": None, "val_loss": val_loss,
                    "lr": lr_at(cfg, at), "grad_norm": None, "tokens_per_s": None}]
-    model_rows = result.rows + (quant_rows(q_hist[0], val_loss) if q_hist else [])
+    model_rows = result.rows + (quant_rows(q_hist[0], val_loss, standard_errors=q_hist[1]) if q_hist else [])
     train_loss = train_hist[-1] if train_hist else float("nan")
     resid = [r["value"] for r in result.rows
              if r["site"] == "resid" and r["basis"] == "stored" and r["metric"] == "kurtosis"]

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from study.config import TrialConfig
 from study.model import Rotate, Transformer
-from study.quant import SCHEMES, fake_quantise, quant_rows, quantised, quantised_losses
+from study.quant import SCHEMES, fake_quantise, quant_rows, quantised, quantised_delta_se, quantised_losses
 from study.rotation import generator_for, random_orthogonal
 
 
@@ -173,3 +173,26 @@ def test_a_planted_outlier_costs_w8a8_much_more_than_the_same_model_rotated():
     planted, spread = w8a8(model), w8a8(rotated)
     assert abs(clean) < 0.01
     assert planted > 0.05 and planted > 8 * abs(spread)
+
+
+def test_the_penalty_s_standard_error_is_the_spread_of_per_sequence_differences():
+    model = make_model(norm="layernorm", rotation="none")
+    x, y = batch()
+    se = quantised_delta_se(model, x, y)
+    assert se.shape == (len(SCHEMES),) and (se > 0).all()
+    # by hand: per-sequence losses, float and under each scheme, sd of the difference / sqrt(B)
+    per_seq = lambda: torch.nn.functional.cross_entropy(  # noqa: E731
+        model(x, y)[0].float().transpose(1, 2), y, reduction="none").mean(1)
+    model.eval()
+    with torch.no_grad():
+        f = per_seq()
+        for i, name in enumerate(SCHEMES):
+            with quantised(model, *SCHEMES[name]):
+                d = per_seq() - f
+            assert torch.allclose(se[i], d.std() / d.numel() ** 0.5, rtol=1e-5)
+            # the mean of the per-sequence differences is the penalty the probe records
+            assert torch.allclose(d.mean(), quantised_losses(model, x, y, (name,))[0] - model(x, y)[1], atol=1e-5)
+    assert model.training is False  # this test left it in eval; quantised_delta_se restores what it found
+    rows = quant_rows([2.5, 3.0], 2.0, standard_errors=[0.01, 0.02])
+    assert [r["metric"] for r in rows] == ["quant_loss_delta"] * 2 + ["quant_loss_delta_se"] * 2
+    assert [r["value"] for r in rows[2:]] == [0.01, 0.02]
