@@ -228,6 +228,7 @@ def build(
         for qb in quant:
             say(f"{qb} penalty against kurtosis")
             qt = selection.quant_penalty(main, qb, confidence=confidence).collect()
+            c.notes.append(_quant_floor_note(qb, qt))
             built[f"quant_{qb}_vs_kurtosis"] = (
                 charts.quant_penalty(qt, facet=facet),
                 f"{qb.upper()} quantisation penalty (quantised minus float val loss at the final "
@@ -379,6 +380,19 @@ def build(
     c.charts = {name: chart for name, (chart, _) in built.items()}
     c.captions = {name: caption for name, (_, caption) in built.items()}
     return c
+
+
+def _quant_floor_note(scheme: str, qt: pl.DataFrame) -> str:
+    """How the quantisation penalties compare with this eval batch's floor (2 SE of each penalty
+    over the eval sequences), or why that cannot be said."""
+    floors = qt.get_column("floor").drop_nulls() if "floor" in qt.columns else pl.Series([], dtype=pl.Float64)
+    if floors.len() == 0:
+        return (f"{scheme.upper()}: no eval-batch floor recorded (metric quant_loss_delta_se, written from "
+                "this version on): penalty differences smaller than a few thousandths of a nat may be noise.")
+    within = qt.filter(pl.col("floor").is_not_null() & (pl.col("mean").abs() <= pl.col("floor"))).height
+    return (f"{scheme.upper()}: eval-batch floor (2 SE of the penalty over the eval sequences) "
+            f"{floors.min():.4f}-{floors.max():.4f} nats; {within} of {floors.len()} configs' penalties lie "
+            "within it of 0, and differences between penalties smaller than it are this batch's noise.")
 
 
 COUNT_FIT_NOTE = (

@@ -130,14 +130,21 @@ def quant_penalty(
     """The quantisation penalty (metric ``quant_loss_delta`` at site ``model``, layer -1,
     basis ``basis``: quantised minus float val loss at the final step) against an outlier
     measure (``metric`` at ``site``/``metric_basis``, ``layer_agg`` over blocks), both
-    aggregated over seeds per config: ``versus`` columns (x = the outlier measure)."""
+    aggregated over seeds per config: ``versus`` columns (x = the outlier measure). ``floor``:
+    twice the penalty's standard error over the eval batch's sequences (metric
+    ``quant_loss_delta_se``, mean over seeds; null for stores that predate it), below which
+    two configs' penalties are not told apart by this eval batch."""
     penalty = scale_table(
         results, "quant_loss_delta", "model", basis, layers=[-1], confidence=confidence, runs=runs
     )
     measure = scale_table(
         results, metric, site, metric_basis, layer_agg, confidence=confidence, runs=runs
     )
-    return versus(measure, penalty).with_columns(quant=pl.lit(basis))
+    se = scale_table(
+        results, "quant_loss_delta_se", "model", basis, layers=[-1], confidence=confidence, runs=runs
+    ).select("config_id", floor=2 * pl.col("mean"))
+    out = versus(measure, penalty).join(se, on="config_id", how="left")
+    return out.with_columns(quant=pl.lit(basis))
 
 
 COMPUTATION_SITES = (("attn_in", "computation"), ("mlp_in", "computation"))

@@ -392,3 +392,31 @@ def test_stores_with_the_averaged_control_read_the_same(store) -> None:  # noqa:
         keys = [c for c in ("config_id", "layer", "site", "basis") if c in a.columns]
         assert a.height > 0
         assert_frame_equal(a.sort(keys), b.sort(keys), check_exact=False, rel_tol=1e-12)
+
+
+def test_quant_penalty_carries_the_eval_batch_floor(store, tmp_path: Path) -> None:
+    # issue 16 item 6: a penalty is read against its floor, 2 x its standard error over the eval
+    # sequences (mean over seeds); a store that predates the metric has a null floor
+    import shutil
+
+    from analysis.report_build import _quant_floor_note
+
+    before = sel.quant_penalty(load(store.path), "w8a8").collect()
+    assert before.get_column("floor").null_count() == before.height
+    assert "no eval-batch floor recorded" in _quant_floor_note("w8a8", before)
+
+    copy = tmp_path / "toy"
+    shutil.copytree(store.path, copy)
+    quant = load(copy).metrics.filter(metric="quant_loss_delta").collect()
+    se = quant.with_columns(metric=pl.lit("quant_loss_delta_se"),
+                            value=0.001 * (1 + pl.col("trial_id").rank("dense").cast(pl.Float64) % 3))
+    se.write_parquet(copy / "metrics" / "zz_se.000000000-999999999.parquet")
+    after = sel.quant_penalty(load(copy), "w8a8").collect()
+    expected = (se.join(load(copy).runs.select("trial_id", "config_id").collect(), on="trial_id")
+                .filter(basis="w8a8").group_by("config_id").agg(floor=2 * pl.col("value").mean()))
+    got = after.select("config_id", "floor").join(expected, on="config_id", suffix="_expected")
+    assert got.height == after.height > 0
+    assert (got["floor"] - got["floor_expected"]).abs().max() < 1e-12
+    note = _quant_floor_note("w8a8", after)
+    within = after.filter(pl.col("mean").abs() <= pl.col("floor")).height
+    assert f"{within} of {after.height} configs" in note, note
