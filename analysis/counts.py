@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from analysis.fits import typed_frame
+from analysis.fits import fit_curves, typed_frame
 
 __all__ = [
     "STRUCTURAL_D", "STRUCTURAL_NOTE", "CountFit", "count_fit_curves", "count_fits_table", "fit_count_power_law",
@@ -203,18 +203,5 @@ def count_fit_curves(
     fitted: dict[tuple[Hashable, ...], CountFit | str], by: Sequence[str] = (), *, x: str = "x", n_points: int = 50
 ) -> pl.DataFrame:
     """The fitted fractions with their pointwise bands over each fit's size range (columns
-    ``by``, ``x``, ``fit``, ``fit_low``, ``fit_high``), as ``fits.fit_curves``."""
-    frames = []
-    for key, fit in fitted.items():
-        if not isinstance(fit, CountFit):
-            continue
-        grid = np.geomspace(fit.x_range[0], fit.x_range[1], n_points)
-        lo, hi = fit.predict_interval(grid)
-        frame = pl.DataFrame({x: grid, "fit": fit.predict(grid), "fit_low": lo, "fit_high": hi})
-        frames.append(frame.with_columns(pl.lit(v).alias(b) for b, v in zip(by, key, strict=True)))
-    if not frames:
-        return pl.DataFrame(
-            schema={**{b: pl.String for b in by}, x: pl.Float64, "fit": pl.Float64, "fit_low": pl.Float64,
-                    "fit_high": pl.Float64}  # fmt: skip
-        )
-    return pl.concat(frames, how="diagonal_relaxed").select(*by, x, "fit", "fit_low", "fit_high")
+    ``by``, ``x``, ``fit``, ``fit_low``, ``fit_high``): ``fits.fit_curves`` of the count fits."""
+    return fit_curves(fitted, by, x=x, n_points=n_points, fit_type=CountFit)

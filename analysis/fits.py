@@ -173,13 +173,15 @@ def fit_curves(
     *,
     x: str = "x",
     n_points: int = 50,
+    fit_type: type = PowerLawFit,
 ) -> pl.DataFrame:
     """The fitted curves with pointwise bootstrap bands, for charts: for each fitted group,
     ``n_points`` log-spaced x values over the data's range, with columns ``by``, ``x``,
-    ``fit``, ``fit_low``, ``fit_high``."""
+    ``fit``, ``fit_low``, ``fit_high``. ``fit_type``: the fits drawn (any with ``x_range``,
+    ``predict`` and ``predict_interval``, e.g. ``counts.CountFit``); other values are skipped."""
     frames = []
     for key, fit in fits.items():
-        if not isinstance(fit, PowerLawFit):
+        if not isinstance(fit, fit_type):
             continue
         grid = np.geomspace(fit.x_range[0], fit.x_range[1], n_points)
         lo, hi = fit.predict_interval(grid)
