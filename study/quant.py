@@ -74,20 +74,27 @@ def quantised(model: nn.Module, weight_bits: int, act_bits: int) -> Iterator[nn.
                 m.weight.copy_(w)
 
 
-def quantised_losses(model: nn.Module, x: Tensor, y: Tensor, schemes: Sequence[str] = tuple(SCHEMES)) -> Tensor:
-    """The loss on (x, y) under each scheme, as one device tensor (len(schemes),): one eval forward
-    per scheme, no host sync. The caller chooses the autocast context; eval mode is restored."""
+@contextmanager
+def _evaluating(model: nn.Module) -> Iterator[nn.Module]:
+    """The eager model in eval mode under no_grad; its mode restored on exit, also after an exception."""
     model = getattr(model, "_orig_mod", model)
     was_training = model.training
-    losses = []
     try:
         model.eval()
         with torch.no_grad():
-            for name in schemes:
-                with quantised(model, *SCHEMES[name]):
-                    losses.append(model(x, y)[1].detach().float())
+            yield model
     finally:
         model.train(was_training)
+
+
+def quantised_losses(model: nn.Module, x: Tensor, y: Tensor, schemes: Sequence[str] = tuple(SCHEMES)) -> Tensor:
+    """The loss on (x, y) under each scheme, as one device tensor (len(schemes),): one eval forward
+    per scheme, no host sync. The caller chooses the autocast context; eval mode is restored."""
+    losses = []
+    with _evaluating(model) as model:
+        for name in schemes:
+            with quantised(model, *SCHEMES[name]):
+                losses.append(model(x, y)[1].detach().float())
     return torch.stack(losses)
 
 
@@ -101,19 +108,13 @@ def quantised_delta_se(model: nn.Module, x: Tensor, y: Tensor, schemes: Sequence
     """(len(schemes),) standard error of each scheme's penalty over the batch's sequences:
     sd_i(q_i - f_i) / sqrt(B), q_i and f_i sequence i's quantised and float losses. One float and
     one forward per scheme, no host sync; eval mode restored. nan with one sequence."""
-    model = getattr(model, "_orig_mod", model)
-    was_training = model.training
     ses = []
-    try:
-        model.eval()
-        with torch.no_grad():
-            float_losses = _sequence_losses(model, x, y)
-            for name in schemes:
-                with quantised(model, *SCHEMES[name]):
-                    delta = _sequence_losses(model, x, y) - float_losses
-                ses.append(delta.std() / delta.numel() ** 0.5)
-    finally:
-        model.train(was_training)
+    with _evaluating(model) as model:
+        float_losses = _sequence_losses(model, x, y)
+        for name in schemes:
+            with quantised(model, *SCHEMES[name]):
+                delta = _sequence_losses(model, x, y) - float_losses
+            ses.append(delta.std() / delta.numel() ** 0.5)
     return torch.stack(ses)
 
 
