@@ -1,13 +1,12 @@
 """TrialConfig: everything that defines one trial, typed, frozen and JSON round-trippable.
 
-Choices are strings (`Literal[...]`) mapped to classes in one place each (model.NORMS,
-optim.build_optimizer, rotation.build_plan). `trial_id` hashes the canonical JSON of the
-fields that change a result; `runtime` (device, threads, compile) is excluded.
+Choices are strings (`Literal[...]`) mapped to classes in one place each (model.NORMS, the
+optimiser registry in study/optim/, rotation.build_plan). `trial_id` hashes the canonical JSON
+of the fields that change a result; `runtime` (device, threads, compile) is excluded.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import functools
 import hashlib
 import json
@@ -19,60 +18,11 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from study.optim.registry import OPTIMIZERS, optimizer_family, optimizer_names, runs_columns
+
 NormName = Literal["layernorm", "rmsnorm", "rmsnorm_scalar"]
-OptimizerName = Literal["adam", "sgd", "rotated_adam", "soap", "muon", "adafactor", "lion", "signsgd"]
+OptimizerName = Literal[optimizer_names()]  # the registry's names (study/optim/), in order
 RotationMode = Literal["none", "shared", "independent", "partial", "groups"]
-
-FAMILIES: dict[str, str] = {
-    "per_coordinate": "every parameter's update is per coordinate of the stored basis (adam, adafactor, lion, signsgd)",
-    "rotation_equivariant": "rotating the basis rotates the whole run (sgd; muon with sgd ends)",
-    "fixed_random_basis": "Adam in a fixed Haar-random basis per parameter (rotated_adam; muon with rotated_adam ends)",
-    "adaptive_basis": "Adam in Shampoo's eigenbasis (soap, with soap_vectors: shampoo or no per-coordinate gain vectors)",
-    "mixed": ("some parameters in the residual basis per coordinate, the rest not: muon with adamw ends (embeddings, "
-              "unembedding, gains), soap with layernorm/rmsnorm gains (trained by plain Adam)"),
-}
-"""The runs column `optimizer_family`: what trains every parameter that lives in the residual
-basis (the one place these strings are defined; `optimizer_family` derives them)."""
-
-OPTIMIZER_FAMILY: dict[str, str] = {
-    "adam": "per_coordinate",
-    "sgd": "rotation_equivariant",
-    "rotated_adam": "fixed_random_basis",
-    "soap": "adaptive_basis",
-    "muon": "rotation_equivariant",
-    "adafactor": "per_coordinate",
-    "lion": "per_coordinate",
-    "signsgd": "per_coordinate",
-}
-"""Each optimiser's rule on a hidden matrix. Not the runs column: muon's ends and soap's gain
-vectors are trained by other rules, see `optimizer_family`."""
-
-MUON_ENDS_FAMILY: dict[str, str] = {"adamw": "mixed", "sgd": "rotation_equivariant", "rotated_adam": "fixed_random_basis"}
-"""muon's family by what trains its ends (muon_ends); its matrices are rotation-equivariant."""
-
-PER_COORDINATE_GAINS = ("layernorm", "rmsnorm")
-"""Norms with a gain (and bias) vector per coordinate; rmsnorm_scalar has one scalar gain."""
-
-
-def optimizer_family(optimizer: OptimizerConfig, norm: str) -> str:
-    """The FAMILIES entry of this optimiser training a model with this norm: what trains every
-    parameter that lives in the residual basis. muon: by its ends (MUON_ENDS_FAMILY). soap: its
-    matrices' update is equivariant (the eigenbasis rotates with the gradients), but vectors get
-    plain Adam (unless soap_vectors: shampoo), so with per-coordinate gains it is `mixed`."""
-    if optimizer.name == "muon":
-        return MUON_ENDS_FAMILY[optimizer.muon_ends]
-    if optimizer.name == "soap" and optimizer.soap_vectors == "adam" and norm in PER_COORDINATE_GAINS:
-        return "mixed"
-    return OPTIMIZER_FAMILY[optimizer.name]
-
-HIDDEN_MATRICES = ("blocks.0.attn.qkv.weight", "blocks.0.attn.proj.weight", "blocks.0.mlp.fc.weight",
-                   "blocks.0.mlp.proj.weight")
-"""The first block's matrices, by the model's parameter names (a test holds them to the model):
-muon_exclude must leave Muon at least one of them (checked without the model's depth, so that
-the spec loader can name the optimiser entry)."""
-
-
-_BETAS = ("adam", "rotated_adam", "soap", "muon", "lion")  # optimisers that read `betas`
 
 
 INT64_MAX = 2**63 - 1
@@ -293,13 +243,15 @@ class OptimizerConfig(_Frozen):
             raise FieldError("nesterov", "nesterov needs momentum > 0")
         return self
 
-    @field_validator("muon_exclude")
+    @field_validator("*")
     @classmethod
-    def _muon_keeps_a_matrix(cls, v: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
-        if info.data.get("name") == "muon" and all(any(fnmatch.fnmatchcase(n, g) for g in v) for n in HIDDEN_MATRICES):
-            raise ValueError(f"{list(v)} leaves Muon only embedding matrices (it excludes every hidden matrix "
-                             f"of a block: {', '.join(HIDDEN_MATRICES)}); Muon needs at least one per block")
-        return v
+    def _optimizer_checks(cls, value: Any, info: ValidationInfo) -> Any:
+        """The named optimiser's own check of this field (its registry entry's field_checks)."""
+        entry = OPTIMIZERS.get(info.data.get("name"))
+        check = entry.field_checks.get(info.field_name) if entry else None
+        if check is not None:
+            check(value)
+        return value
 
 
 class DataConfig(_Frozen):
@@ -457,9 +409,8 @@ class TrialConfig(_Frozen):
             raise FieldError("rotation.group_size", f"rotation.group_size ({r.group_size}) must be in 1..n_layers ({n})")
         if r.groups is not None and any(b >= n for g in r.groups for b in g):
             raise FieldError("rotation.groups", f"rotation.groups index out of range 0..{n - 1}")
-        if self.optimizer.name == "rotated_adam" and self.optimizer.rotate == "all" and self.vocab_size > 8192:
-            raise FieldError("optimizer.rotate", f"optimizer.rotate: 'all' would need a {self.vocab_size} x "
-                             f"{self.vocab_size} basis; use 'residual' with a large vocabulary")
+        if (check := OPTIMIZERS[self.optimizer.name].trial_check) is not None:
+            check(self)
         if self.eval_seq_len > self.data.seq_len:
             raise FieldError("train.eval_batch.seq_len",
                              f"train.eval_batch.seq_len ({self.eval_seq_len}) exceeds data.seq_len ({self.data.seq_len})")
@@ -562,14 +513,7 @@ class TrialConfig(_Frozen):
             "params": self.params, "params_non_embedding": self.params_non_embedding,
             "flops_per_token": self.flops_per_token,
             "optimizer": o.name, "optimizer_family": optimizer_family(o, self.norm), "lr": o.lr, "weight_decay": o.weight_decay,
-            "momentum": o.momentum if o.name in ("sgd", "signsgd") else o.muon_momentum if o.name == "muon" else None,
-            "eps": o.eps if o.name in ("adam", "rotated_adam", "soap", "muon") else None,
-            "beta1": o.betas[0] if o.name in _BETAS else None,
-            "beta2": o.betas[1] if o.name in _BETAS else None,
-            "nesterov": o.nesterov if o.name == "sgd" else True if o.name == "muon" else None,
-            "rotate": o.rotate if o.name == "rotated_adam" else None,
-            "precondition_frequency": o.precondition_frequency if o.name == "soap" else None,
-            "muon_ends": o.muon_ends if o.name == "muon" else None,
+            **runs_columns(o),  # momentum .. muon_ends, as the optimiser's registry entry fills them
             "norm": self.norm, "rotation": self.rotation.mode,
             "group_size": self.rotation.group_size,
             "rotation_groups": (json.dumps([list(g) for g in self.rotation.groups], separators=(",", ":"))

@@ -47,16 +47,14 @@ from analysis.identity import science_hash
 from analysis.null import null_expr
 from analysis.load import CHECKS_SCHEMA, CURVES_SCHEMA, METRICS_SCHEMA, RUNS_SCHEMA
 from analysis.schema import ARROW
+from study.optim import OPTIMIZER_FAMILY
 from sweep.store import ResultsStore
 
 __all__ = ["FAMILIES", "SITE_METRICS", "SyntheticStore", "write_store"]
 
-FAMILIES = {
-    "adam": "per_coordinate", "adafactor": "per_coordinate", "lion": "per_coordinate",
-    "signsgd": "per_coordinate", "sgd": "rotation_equivariant", "muon": "rotation_equivariant",
-    "rotated_adam": "fixed_random_basis", "soap": "adaptive_basis",
-}  # fmt: skip
-"""The family each synthetic optimiser's runs row carries (DESIGN.md "Optimiser families")."""
+FAMILIES = OPTIMIZER_FAMILY
+"""The family each synthetic optimiser's runs row carries: its rule on a hidden matrix, from the
+optimiser registry (study/optim/; torch-free), so a new optimiser needs no line here."""
 _DEFAULT_LR = {"adam": 3e-3, "rotated_adam": 3e-3, "sgd": 0.3}
 
 SITE_METRICS = (

@@ -112,7 +112,10 @@ def test_cross_field_errors_name_their_field():
 def test_every_optimizer_has_a_family_and_muon_exclude_only_binds_muon():
     from typing import get_args
 
-    from study.config import FAMILIES, MUON_ENDS_FAMILY, OPTIMIZER_FAMILY, OptimizerConfig, OptimizerName
+    from study.config import OptimizerConfig, OptimizerName
+    from study.optim import OPTIMIZER_FAMILY
+    from study.optim.muon import MUON_ENDS_FAMILY
+    from study.optim.registry import FAMILIES
     assert set(OPTIMIZER_FAMILY) == set(get_args(OptimizerName))
     assert set(OPTIMIZER_FAMILY.values()) | set(MUON_ENDS_FAMILY.values()) | {"mixed"} == set(FAMILIES)
     assert set(FAMILIES) == {"per_coordinate", "rotation_equivariant", "fixed_random_basis", "adaptive_basis", "mixed"}

@@ -12,9 +12,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from study.config import HIDDEN_MATRICES, TrialConfig
+from study.config import TrialConfig
 from study.model import Transformer
 from study.optim import SOAP, Lion, MuonAdamW, RotatedAdam, build_optimizer, decay_groups, index_dims
+from study.optim.muon import HIDDEN_MATRICES
 from study.rotation import generator_for, random_orthogonal
 
 F64 = torch.float64

@@ -1,0 +1,38 @@
+"""rotated_adam: Adam(W) with its moments in a fixed Haar-random basis per parameter
+(rules.rotated_adam.RotatedAdam); `rotate` says which dimensions turn."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from study.optim.registry import Optimizer, register
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from study.config import TrialConfig
+
+MAX_ROTATED_VOCAB = 8192
+"""rotate "all" turns the vocabulary dimension too: a V x V basis, refused above this V."""
+
+
+def build(cfg: TrialConfig, model: nn.Module):
+    from study.optim.rules.groups import decay_groups, index_dims
+    from study.optim.rules.rotated_adam import RotatedAdam
+
+    o = cfg.optimizer
+    return RotatedAdam(decay_groups(model, o.weight_decay), lr=o.lr, betas=o.betas, eps=o.eps,
+                       weight_decay=o.weight_decay, rotate=o.rotate, d_model=cfg.model.d_model, seed=cfg.seed,
+                       index_dims=index_dims(model, cfg.vocab_size))
+
+
+def check_vocab(cfg: TrialConfig) -> None:
+    from study.config import FieldError  # here: study.config imports this module while it loads
+
+    if cfg.optimizer.rotate == "all" and cfg.vocab_size > MAX_ROTATED_VOCAB:
+        raise FieldError("optimizer.rotate", f"optimizer.rotate: 'all' would need a {cfg.vocab_size} x "
+                         f"{cfg.vocab_size} basis; use 'residual' with a large vocabulary")
+
+
+register(Optimizer("rotated_adam", order=3, family="fixed_random_basis", reads=("betas", "eps", "weight_decay", "rotate"),
+                   build=build, trial_check=check_vocab))

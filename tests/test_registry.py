@@ -1,0 +1,136 @@
+"""Tests for study.optim.registry: every entry is consistent with the config and the runs
+table, the config loads it without torch, and a new optimiser is one module in study/optim/."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import get_args
+
+import pytest
+
+from analysis.charts.style import FAMILY_ORDER
+from analysis.load import RUNS_SCHEMA
+from study.config import OptimizerConfig, OptimizerName, TrialConfig
+from study.optim import OPTIMIZER_FAMILY
+from study.optim.registry import FAMILIES, OPTIMIZER_COLUMNS, OPTIMIZERS, Optimizer, optimizer_names, register
+from synthetic_store import FAMILIES as SYNTHETIC_FAMILIES
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _run(code: str, pythonpath: list[Path]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in pythonpath)}
+    return subprocess.run([sys.executable, "-c", code], cwd=pythonpath[0], env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_names_are_the_configs_in_a_fixed_order():
+    assert get_args(OptimizerName) == optimizer_names() == (
+        "adam", "sgd", "rotated_adam", "soap", "muon", "adafactor", "lion", "signsgd")
+    assert list(OPTIMIZER_FAMILY) == list(optimizer_names()) and set(OPTIMIZER_FAMILY.values()) <= set(FAMILIES)
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_an_entry_reads_config_fields_and_fills_runs_columns(name):
+    entry = OPTIMIZERS[name]
+    assert set(entry.reads) <= set(OptimizerConfig.model_fields) - {"name", "lr"}
+    assert set(entry.field_checks) <= set(OptimizerConfig.model_fields)
+    row = TrialConfig(model={"depth": 1}, optimizer={"name": name, "lr": 1e-3}, train={"steps": 1}).flat()
+    assert set(entry.columns(OptimizerConfig(name=name, lr=1e-3)) if entry.columns else ()) <= set(OPTIMIZER_COLUMNS)
+    assert [c for c in list(RUNS_SCHEMA) if c in OPTIMIZER_COLUMNS] == list(OPTIMIZER_COLUMNS)  # the store's order
+    assert set(row) <= set(list(RUNS_SCHEMA)) and row["optimizer_family"] in FAMILIES
+
+
+@pytest.mark.parametrize("name, columns", [
+    ("adam", (None, 1e-8, 0.9, 0.95, None, None, None, None)),
+    ("sgd", (0.9, None, None, None, False, None, None, None)),
+    ("rotated_adam", (None, 1e-8, 0.9, 0.95, None, "residual", None, None)),
+    ("soap", (None, 1e-8, 0.9, 0.95, None, None, 10, None)),
+    ("muon", (0.95, 1e-8, 0.9, 0.95, True, None, None, "adamw")),  # Muon's momentum, always Nesterov
+    ("adafactor", (None, None, None, None, None, None, None, None)),
+    ("lion", (None, None, 0.9, 0.95, None, None, None, None)),
+    ("signsgd", (0.9, None, None, None, None, None, None, None)),
+])
+def test_runs_columns_at_the_defaults_are_golden(name, columns):
+    row = TrialConfig(model={"depth": 1}, optimizer={"name": name, "lr": 1e-3}, train={"steps": 1}).flat()
+    assert tuple(row[c] for c in OPTIMIZER_COLUMNS) == columns
+    assert list(row)[list(row).index("weight_decay") + 1 : list(row).index("norm")] == list(OPTIMIZER_COLUMNS)
+
+
+def test_charts_and_the_synthetic_store_know_every_family():
+    assert set(FAMILY_ORDER) == set(FAMILIES)  # a new family gets a panel place in analysis/charts/style.py
+    assert SYNTHETIC_FAMILIES == OPTIMIZER_FAMILY
+
+
+def test_an_entry_is_registered_once_with_a_known_family():
+    entry = OPTIMIZERS["adam"]
+    with pytest.raises(ValueError, match="registered twice"):
+        register(entry)
+    with pytest.raises(ValueError, match="family 'rotation_invariant' is not one of"):
+        register(Optimizer("nadam", order=9, family="rotation_invariant", reads=(), build=entry.build))
+    assert "nadam" not in OPTIMIZERS
+
+
+def test_the_config_and_its_checks_need_no_torch():
+    code = ("import sys\nfrom study.config import OptimizerConfig\nfrom pydantic import ValidationError\n"
+            "try:\n    OptimizerConfig(name='muon', lr=1e-3, muon_exclude=['*'])\nexcept ValidationError as e:\n"
+            "    assert 'Muon needs at least one per block' in str(e), e\n"
+            "else:\n    raise SystemExit('muon_exclude [*] was accepted')\n"
+            "print(sorted(m for m in ('torch', 'ray') if m in sys.modules))")
+    done = _run(code, [REPO])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+NADAM = '''
+"""nadam: torch NAdam (Adam with Nesterov momentum), per coordinate."""
+
+from study.optim.registry import Optimizer, register
+
+
+def build(cfg, model):
+    import torch
+
+    from study.optim.rules.groups import decay_groups
+
+    o = cfg.optimizer
+    return torch.optim.NAdam(decay_groups(model, o.weight_decay), lr=o.lr, betas=o.betas, eps=o.eps,
+                             weight_decay=o.weight_decay, decoupled_weight_decay=True)
+
+
+register(Optimizer("nadam", order=9, family="per_coordinate", reads=("betas", "eps", "weight_decay"), build=build))
+'''
+
+
+@pytest.mark.slow
+def test_a_new_optimizer_is_one_module(tmp_path):
+    # A copy of study/ with one more module in study/optim/: the config accepts the name, the
+    # runs row carries its family and columns, build_optimizer builds it and it trains.
+    shutil.copytree(REPO / "study", tmp_path / "study", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "study" / "optim" / "nadam.py").write_text(NADAM)
+    code = textwrap.dedent("""
+        import torch
+        from study.config import TrialConfig
+        from study.model import Transformer
+        from study.optim import OPTIMIZER_FAMILY, build_optimizer
+        cfg = TrialConfig(model={"depth": 1}, optimizer={"name": "nadam", "lr": 1e-2, "betas": [0.8, 0.9]},
+                          train={"steps": 3})
+        row = cfg.flat()
+        assert (row["optimizer_family"], row["beta1"], row["eps"], row["momentum"]) == ("per_coordinate", 0.8, 1e-8, None)
+        model = Transformer.from_config(cfg)
+        opt = build_optimizer(cfg, model)
+        assert type(opt) is torch.optim.NAdam and OPTIMIZER_FAMILY["nadam"] == "per_coordinate"
+        before = model.tok_emb.weight.detach().clone()
+        idx = torch.randint(0, 256, (2, 16))
+        model(idx, idx)[1].backward()
+        opt.step()
+        print(OPTIMIZER_FAMILY.popitem()[0], bool((model.tok_emb.weight != before).any()))
+    """)
+    done = _run(code, [tmp_path, REPO])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["nadam", "True"]
