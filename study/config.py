@@ -409,8 +409,9 @@ class TrialConfig(_Frozen):
             raise FieldError("rotation.group_size", f"rotation.group_size ({r.group_size}) must be in 1..n_layers ({n})")
         if r.groups is not None and any(b >= n for g in r.groups for b in g):
             raise FieldError("rotation.groups", f"rotation.groups index out of range 0..{n - 1}")
-        if (check := OPTIMIZERS[self.optimizer.name].trial_check) is not None:
-            check(self)
+        check = OPTIMIZERS[self.optimizer.name].trial_check
+        if check is not None and (problem := check(self)) is not None:
+            raise FieldError(*problem)
         if self.eval_seq_len > self.data.seq_len:
             raise FieldError("train.eval_batch.seq_len",
                              f"train.eval_batch.seq_len ({self.eval_seq_len}) exceeds data.seq_len ({self.data.seq_len})")

@@ -28,7 +28,10 @@ OKABE_ITO = {
     "reddish_purple": "#CC79A7",
     "black": "#000000",
 }
-# Fixed so a given optimiser has one colour in every chart of every report.
+# Fixed so a given optimiser has one colour in every chart of every report. The names are the
+# runs column `optimizer` (study/optim/ registers them; analysis reads them from the rows, never
+# from study): one not listed here gets a spare colour and sorts after these, so a new optimiser
+# needs no line here unless it wants a colour of its own.
 OPTIMIZER_COLORS = {
     "adam": OKABE_ITO["vermillion"],
     "sgd": OKABE_ITO["blue"],
@@ -40,7 +43,8 @@ OPTIMIZER_COLORS = {
     "adafactor": "#8C6D1F",  # dark ochre: Okabe-Ito yellow is unreadable as a thin line
 }
 FAMILY_ORDER = ("per_coordinate", "mixed", "rotation_equivariant", "fixed_random_basis", "adaptive_basis")
-"""The optimiser families (DESIGN.md), in the order their panels appear."""
+"""The runs column `optimizer_family`'s values (study/optim/registry.py FAMILIES), in the order
+their panels appear; tests/test_registry.py holds the two sets equal."""
 _SPARE = ["#999999", "#6A3D9A", "#B15928", "#1F78B4", "#33A02C"]
 
 METRIC_TITLES = {

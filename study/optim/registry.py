@@ -72,8 +72,9 @@ class Optimizer:
     """(optimizer, norm) -> the runs column `optimizer_family`, when not simply `family`."""
     field_checks: Mapping[str, Callable[[Any], None]] = field(default_factory=dict)
     """OptimizerConfig field -> a check of its value (raises ValueError) that binds this optimiser only."""
-    trial_check: Callable[[TrialConfig], None] | None = None
-    """A check of the whole trial (raises study.config.FieldError), e.g. against the vocabulary."""
+    trial_check: Callable[[TrialConfig], tuple[str, str] | None] | None = None
+    """A check of the whole trial, e.g. against the vocabulary: None, or (the field's place in
+    the trial, "optimizer.rotate", and the message) for TrialConfig to raise as a FieldError."""
 
 
 OPTIMIZERS: dict[str, Optimizer] = {}

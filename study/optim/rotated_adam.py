@@ -26,12 +26,11 @@ def build(cfg: TrialConfig, model: nn.Module):
                        index_dims=index_dims(model, cfg.vocab_size))
 
 
-def check_vocab(cfg: TrialConfig) -> None:
-    from study.config import FieldError  # here: study.config imports this module while it loads
-
+def check_vocab(cfg: TrialConfig) -> tuple[str, str] | None:
     if cfg.optimizer.rotate == "all" and cfg.vocab_size > MAX_ROTATED_VOCAB:
-        raise FieldError("optimizer.rotate", f"optimizer.rotate: 'all' would need a {cfg.vocab_size} x "
-                         f"{cfg.vocab_size} basis; use 'residual' with a large vocabulary")
+        return "optimizer.rotate", (f"optimizer.rotate: 'all' would need a {cfg.vocab_size} x {cfg.vocab_size} basis; "
+                                    "use 'residual' with a large vocabulary")
+    return None
 
 
 register(Optimizer("rotated_adam", order=3, family="fixed_random_basis", reads=("betas", "eps", "weight_decay", "rotate"),
