@@ -39,6 +39,8 @@ __all__ = [
     "muon_adamw",
 ]  # fmt: skip
 
+# Every module here but the registry is an optimiser's entry (rules/, a package, is not):
+# importing it registers it, so a new optimiser needs no line here.
 for _module in pkgutil.iter_modules(__path__):
     if not _module.ispkg and _module.name != "registry":
         importlib.import_module(f"{__name__}.{_module.name}")
