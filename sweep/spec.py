@@ -23,6 +23,7 @@ from study.config import (
     DataConfig, FieldError, ModelConfig, NormName, OptimizerConfig, RotationConfig, RuntimeConfig,
     TrainConfig, TrialConfig, _Frozen,
 )
+from study.data import check_corpus
 
 MAX_TRIAL_BYTES = 1 << 40
 """Estimated training memory above which a trial is refused (1 TiB: no single device or host)."""
@@ -562,13 +563,36 @@ def parse_spec(data: Any, root: yaml.Node | None = None, source: str = "spec", *
     try:
         spec = SweepSpec.model_validate(data)
     except ValidationError as exc:
-        raise SpecError("\n".join(where.errors(exc))) from None
+        problems = where.errors(exc)
+        try:  # the corpus of a valid data section is checked too, and reported in its place
+            alone = DataConfig.model_validate(data.get("data", {}))
+        except ValidationError:
+            alone = None
+        corpus = _checked_corpus(alone, data, where)[1] if alone is not None else None
+        if corpus and not any(e["loc"] for e in exc.errors()):
+            problems = [corpus]  # a field at fault: the spec-wide rules that failed are not reached
+        elif corpus:
+            at = next((i for i, p in enumerate(problems) if not p.startswith("name:")), len(problems))
+            problems.insert(at, corpus)
+        raise SpecError("\n".join(problems)) from None
+    checked, corpus = _checked_corpus(spec.data, data, where)
+    if corpus:
+        raise SpecError(corpus)
+    spec = spec.model_copy(update={"data": checked})
     problems = list(dict.fromkeys(_check_points(spec, where)))
     if not (unprepared_ok and unprepared(spec)):
         problems += _check_data(spec, where)
     if problems:
         raise SpecError("\n".join(problems))
     return spec
+
+
+def _checked_corpus(data: DataConfig, spec: dict, where: _Where) -> tuple[DataConfig | None, str | None]:
+    """(study.data.check_corpus's DataConfig, None), or (None, its problem located in the spec)."""
+    try:
+        return check_corpus(data), None
+    except FieldError as exc:
+        return None, where.format(("data", *exc.loc), str(exc), _dig(spec.get("data"), exc.loc))
 
 
 def line_in(path: str | Path, loc: tuple) -> int | None:

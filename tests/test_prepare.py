@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from study import data
 from study.config import DataConfig
-from study.data import load_corpus
+from study.data import check_corpus, load_corpus
 from sweep import prepare as P
 from sweep.cli import app
 
@@ -263,8 +263,8 @@ def test_corpus_smaller_than_one_window_is_refused(tmp_path):
 def test_vocab_size_in_the_spec_must_match_the_manifest(tmp_path):
     folder = good(tmp_path)
     with pytest.raises(ValueError, match="disagrees with the manifest"):
-        DataConfig(tokens=str(folder), vocab_size=512)
-    assert DataConfig(tokens=str(folder), vocab_size=300).vocab_size == 300
+        check_corpus(DataConfig(tokens=str(folder), vocab_size=512))
+    assert check_corpus(DataConfig(tokens=str(folder), vocab_size=300)).vocab_size == 300
 
 
 # ---- end to end -------------------------------------------------------------------------------
