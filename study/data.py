@@ -50,8 +50,7 @@ import numpy as np
 
 from study.config import DataConfig, FieldError
 from study.corpus.format import (
-    BYTE_EOT, FULL_SCAN_BYTES, MANIFEST, SCAN_BLOCK_BYTES, SCAN_BLOCKS, TOKENS_FORMAT, TOKENS_FORMAT_VERSION,
-    ShardedTokens, check_token_dir, dtype_for, manifest_fingerprint, read_manifest,
+    BYTE_EOT, FULL_SCAN_BYTES, SCAN_BLOCK_BYTES, SCAN_BLOCKS, ShardedTokens, check_token_dir, dtype_for, read_manifest,
 )
 
 if TYPE_CHECKING:
