@@ -38,11 +38,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from study.config import TrialConfig
+from study.config import DataConfig, TrialConfig
+from study.corpus.prepare import write_corpus
+from study.data import check_corpus
 from study.device import peak_flops
 from study.train import MemorySink, device_name, train
 from sweep.estimate import DATA_PARALLEL_EFFICIENCY, TABLE
-from sweep.prepare import write_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 32768
@@ -52,7 +53,7 @@ def trial(corpus: Path, d: int, layers: int, heads: int, optimizer: str, steps: 
           batch: int, seq_len: int, device: str, compile_: bool) -> TrialConfig:
     return TrialConfig(
         model={"d_model": d, "n_layers": layers, "n_heads": heads}, norm="rmsnorm_scalar", rotation="shared",
-        optimizer={"name": optimizer, "lr": 6e-4}, data={"tokens": str(corpus), "seq_len": seq_len},
+        optimizer={"name": optimizer, "lr": 6e-4}, data=check_corpus(DataConfig(tokens=str(corpus), seq_len=seq_len)),
         train={"steps": steps, "batch_size": batch, "eval_every": eval_every, "eval_batch": {"sequences": 16},
                "checkpoint_every": 0, "invariance_check": False, "warmup": 10},
         runtime={"device": device, "compile": compile_},

@@ -13,7 +13,6 @@ import json
 import math
 import types
 import typing
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -255,7 +254,9 @@ class OptimizerConfig(_Frozen):
 
 
 class DataConfig(_Frozen):
-    """Training corpus: exactly one of `corpus: stdlib`, `text: PATH`, `tokens: PATH`."""
+    """Training corpus: exactly one of `corpus: stdlib`, `text: PATH`, `tokens: PATH`. Values
+    only: the corpus itself is checked, and a prepared folder's vocab_size read from its
+    manifest, by study.data.check_corpus."""
 
     corpus: Literal["stdlib"] | None = None
     """The embedded default: the Python standard library's .py sources, byte-level."""
@@ -277,24 +278,6 @@ class DataConfig(_Frozen):
             object.__setattr__(self, "corpus", "stdlib")
         elif len(sources) > 1:
             raise ValueError(f"give exactly one of corpus, text, tokens (got {', '.join(sources)})")
-        if self.tokens is not None and self.vocab_size is None and not Path(self.tokens).expanduser().exists():
-            raise FieldError("tokens", f"tokens {self.tokens}: no such folder (prepare one with `sweep data prepare "
-                             "SOURCE --out DIR`; a .bin file also needs vocab_size)")
-        if self.tokens is not None and Path(self.tokens).expanduser().is_dir():
-            from study.data import check_token_dir  # lazy: study.data imports this module
-
-            try:
-                vocab = check_token_dir(self.tokens, self.seq_len)
-            except FieldError:
-                raise
-            except ValueError as exc:  # located at the field that names the folder
-                raise FieldError("tokens", str(exc)) from None
-            if self.vocab_size not in (None, vocab):
-                raise FieldError("vocab_size", f"vocab_size {self.vocab_size} disagrees with the manifest of {self.tokens} "
-                                 f"({vocab}); leave it out")
-            object.__setattr__(self, "vocab_size", vocab)
-        elif self.tokens is not None and self.vocab_size is None:
-            raise FieldError("tokens", "tokens needs vocab_size")
         if self.tokens is None:
             if self.vocab_size not in (None, 256):
                 raise FieldError("vocab_size", f"byte-level corpora have vocab_size 256, got {self.vocab_size}")
@@ -455,7 +438,10 @@ class TrialConfig(_Frozen):
 
     @property
     def vocab_size(self) -> int:
-        return int(self.data.vocab_size or 256)
+        if self.data.vocab_size is None:  # a prepared folder's, before study.data.check_corpus read it
+            raise ValueError(f"data.tokens {self.data.tokens}: vocab_size unknown until the corpus is checked "
+                             "(study.data.check_corpus reads it from the manifest)")
+        return self.data.vocab_size
 
     @property
     def params_non_embedding(self) -> int:

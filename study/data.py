@@ -11,18 +11,22 @@ Three sources, all ending as two 1-D token arrays (train, val):
   folder of text files (recursive, sorted, hidden entries skipped; split by file as above).
 - `{tokens: PATH, vocab_size: N}`: a nanoGPT-style `.bin` (raw uint16, or uint32 when
   vocab_size > 65536) or a 1-D integer `.npy`, memmapped; the tail val_fraction is val.
-- `{tokens: DIR}`: a folder written by `sweep data prepare`: manifest.json (vocab size, dtype,
-  train/val shards with sizes and sha256) and the shards, memmapped and joined without a copy
-  (`ShardedTokens`). The split and the fingerprint are the manifest's; val_fraction is unused.
-  `check_token_dir` (run when the DataConfig is built, so before any training) refuses a
-  missing or foreign manifest, missing or resized shards, a split shorter than one window, and,
-  scanned as below, a checksum mismatch or an id >= vocab_size.
+- `{tokens: DIR}`: a folder written by `sweep data prepare` (the format: study.corpus.format),
+  its shards memmapped and joined without a copy (`ShardedTokens`). The split and the
+  fingerprint are the manifest's; val_fraction is unused.
+
+A DataConfig holds values only. `check_corpus` is the one check of the corpus it names (the
+path exists; a prepared folder's manifest, shards, checksums, id range and split sizes) and
+fills in the vocab_size a prepared folder's manifest gives: the spec loader calls it (plan,
+run) and each trial worker calls it once at its start. `check_data` then loads the corpus and
+checks that a batch and an eval window fit, before anything starts.
 
 The fingerprint is a short sha256 of the content and the split rule. Files up to
 FULL_SCAN_BYTES are hashed (and, for tokens, range-checked against vocab_size) in full;
 larger memmaps are hashed and range-checked on SCAN_BLOCKS evenly spaced blocks only, which
 the description says ("sampled"). A token beyond a sampled check would only surface later as
-an embedding index error.
+an embedding index error. Corpora and shard checks are cached, so a process computes a
+fingerprint once.
 
 Only the batch functions import torch (inside them), so the corpus checks that `sweep plan`
 and the spec loader run before anything starts stay numpy-only and fast.
@@ -45,22 +49,20 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from study.config import DataConfig, FieldError
+from study.corpus.format import (
+    BYTE_EOT, FULL_SCAN_BYTES, SCAN_BLOCK_BYTES, SCAN_BLOCKS, ShardedTokens, check_token_dir, dtype_for, read_manifest,
+)
 
 if TYPE_CHECKING:
     import torch
 
-FILE_SEP = 0x1C
+__all__ = ["FILE_SEP", "SPLIT_RULE", "Corpus", "cache_dir", "check_corpus", "check_data", "eval_batch",
+           "load_corpus", "sample_batch"]
+
+FILE_SEP = BYTE_EOT
 """Byte between files (ASCII 'file separator'; absent from the stdlib sources)."""
 SPLIT_RULE = "v1:sha256(relpath)<val_fraction"
 """Identifies the by-file split rule; part of the fingerprint and of the disk-cache key."""
-FULL_SCAN_BYTES = 1 << 30
-"""Memmaps up to this size are hashed and range-checked in full."""
-SCAN_BLOCKS = 256
-"""Blocks sampled (each SCAN_BLOCK_BYTES) from larger memmaps."""
-SCAN_BLOCK_BYTES = 1 << 20
-MANIFEST = "manifest.json"
-"""The prepared corpus's manifest, written last by `sweep data prepare`."""
-TOKENS_FORMAT, TOKENS_FORMAT_VERSION = "privileged-bases-tokens", 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -274,7 +276,7 @@ def _load_tokens(path: Path, vocab_size: int, val_fraction: float) -> Corpus:
         if stream.ndim != 1 or stream.dtype.kind not in "ui":
             raise ValueError(f"data.tokens: {path} must hold a 1-D integer array, not {stream.ndim}-D {stream.dtype}")
     else:
-        dtype = np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+        dtype = dtype_for(vocab_size)
         size = path.stat().st_size
         if size == 0 or size % dtype.itemsize:
             raise ValueError(f"data.tokens: {path} has {size} bytes, not a positive multiple of "
@@ -322,132 +324,6 @@ def _scan(stream: np.ndarray) -> tuple[bytes, int, bool]:
 
 
 # ---- prepared token folders (sweep data prepare) ---------------------------------------------
-
-
-class ShardedTokens:
-    """Shards of one split as one 1-D read-only sequence (memmaps, never copied whole).
-
-    Supports len, slices and integer-array indexing (the batch samplers' `tokens[idx]`); a
-    window may straddle two shards."""
-
-    def __init__(self, shards: list[np.ndarray]):
-        self.shards = shards
-        self.offsets = np.cumsum([0] + [len(s) for s in shards])
-        self.dtype = shards[0].dtype
-        self.ndim = 1
-
-    def __len__(self) -> int:
-        return int(self.offsets[-1])
-
-    @property
-    def nbytes(self) -> int:
-        return len(self) * self.dtype.itemsize
-
-    def __getitem__(self, idx):
-        if isinstance(idx, slice):
-            start, stop, step = idx.indices(len(self))
-            if step != 1:
-                raise IndexError("ShardedTokens slices need step 1")
-            return np.concatenate([np.asarray(s[max(0, start - o): max(0, stop - o)])
-                                   for s, o in zip(self.shards, self.offsets)]).astype(self.dtype, copy=False)
-        idx = np.asarray(idx)
-        flat = idx.ravel()
-        which = np.searchsorted(self.offsets, flat, side="right") - 1
-        out = np.empty(flat.shape, dtype=self.dtype)
-        for k in np.unique(which):
-            mask = which == k
-            out[mask] = self.shards[k][flat[mask] - self.offsets[k]]
-        return out.reshape(idx.shape)
-
-
-def manifest_fingerprint(manifest: dict) -> str:
-    """16 hex digits over the tokenizer, vocab size, dtype and every shard's sha256."""
-    payload = [manifest["tokenizer"].get("sha256"), manifest["vocab_size"], manifest["dtype"],
-               {s: [x["sha256"] for x in manifest["splits"][s]["shards"]] for s in ("train", "val")}]
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def read_manifest(folder: str | Path) -> dict:
-    """The manifest of a prepared folder, its shards present at their recorded sizes; ValueError
-    (one line naming the folder and the problem) otherwise."""
-    folder = Path(folder).expanduser()
-    where = f"tokens {folder}"
-    path = folder / MANIFEST
-    if not path.is_file():
-        partial = folder.parent / f".{folder.name}.partial"
-        hint = (f" ({partial} is an interrupted prepare: rerun `sweep data prepare`)" if partial.exists()
-                else " (write one with `sweep data prepare SOURCE --out DIR`, or give a .bin file and vocab_size)")
-        raise ValueError(f"{where}: no {MANIFEST}, so not a complete prepared corpus{hint}")
-    try:
-        m = json.loads(path.read_text())
-        if m.get("format") != TOKENS_FORMAT or m.get("version") != TOKENS_FORMAT_VERSION:
-            raise ValueError(f"format {m.get('format')!r} version {m.get('version')!r}, expected "
-                             f"{TOKENS_FORMAT!r} version {TOKENS_FORMAT_VERSION}")
-        vocab, dtype = int(m["vocab_size"]), np.dtype(m["dtype"])
-        splits = {s: m["splits"][s] for s in ("train", "val")}
-    except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{where}: unreadable {MANIFEST}: {e}") from None
-    if dtype not in (np.uint16, np.uint32) or (dtype == np.uint16 and vocab > 1 << 16):
-        raise ValueError(f"{where}: dtype {dtype} cannot hold vocab_size {vocab}")
-    for name, split in splits.items():
-        if sum(sh["tokens"] for sh in split["shards"]) != split["tokens"]:
-            raise ValueError(f"{where}: {MANIFEST} {name} tokens {split['tokens']} != the sum over its shards")
-        for sh in split["shards"]:
-            f = folder / sh["file"]
-            want = sh["tokens"] * dtype.itemsize
-            if not f.is_file():
-                raise ValueError(f"{where}: shard {sh['file']} named in {MANIFEST} is missing")
-            if f.stat().st_size != want:
-                raise ValueError(f"{where}: shard {sh['file']} has {f.stat().st_size} bytes, the manifest "
-                                 f"says {sh['tokens']} {dtype} tokens = {want} bytes")
-    if manifest_fingerprint(m) != m.get("fingerprint"):
-        raise ValueError(f"{where}: {MANIFEST} fingerprint does not match its shard list (edited by hand?)")
-    return m
-
-
-def check_token_dir(folder: str | Path, seq_len: int) -> int:
-    """Validate a prepared folder before training (manifest, shards, checksums, id range, split
-    sizes); returns its vocab size. Cached per folder state, so a sweep pays for it once."""
-    folder = Path(folder).expanduser().resolve()
-    m = read_manifest(folder)
-    stamp = tuple(sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir() if p.is_file()))
-    _verify_shards(folder, stamp)
-    need = seq_len + 1
-    for name in ("train", "val"):
-        n = m["splits"][name]["tokens"]
-        if n < need:
-            raise ValueError(f"tokens {folder}: the {name} split has {n} tokens, fewer than one window of "
-                             f"seq_len + 1 = {need}; prepare more tokens or shorten seq_len")
-    return int(m["vocab_size"])
-
-
-@functools.cache
-def _verify_shards(folder: Path, stamp: tuple) -> None:
-    """sha256 of every shard and max id < vocab_size, in full up to FULL_SCAN_BYTES of shards;
-    above that only sampled blocks are range-checked (checksums need the full read)."""
-    m = read_manifest(folder)
-    dtype, vocab = np.dtype(m["dtype"]), int(m["vocab_size"])
-    shards = [sh for s in ("train", "val") for sh in m["splits"][s]["shards"]]
-    full = sum(sh["bytes"] for sh in shards) <= FULL_SCAN_BYTES
-    for sh in shards:
-        if not sh["tokens"]:
-            continue
-        stream = np.memmap(folder / sh["file"], dtype=dtype, mode="r")
-        if full:
-            h, top = hashlib.sha256(), 0
-            for s in range(0, len(stream), SCAN_BLOCK_BYTES):
-                block = np.asarray(stream[s : s + SCAN_BLOCK_BYTES])
-                h.update(block.tobytes())
-                top = max(top, int(block.max()))
-            if h.hexdigest() != sh["sha256"]:
-                raise ValueError(f"tokens {folder}: shard {sh['file']} does not match its sha256 in {MANIFEST} "
-                                 "(modified or damaged; prepare again)")
-        else:
-            top = max(int(np.asarray(stream[s : s + SCAN_BLOCK_BYTES]).max())
-                      for s in np.linspace(0, max(0, len(stream) - SCAN_BLOCK_BYTES), 16).astype(np.int64))
-        if top >= vocab:
-            raise ValueError(f"tokens {folder}: shard {sh['file']} holds token id {top} >= the manifest's "
-                             f"vocab_size {vocab}" + ("" if full else " (found on a sample)"))
 
 
 @functools.cache
@@ -517,6 +393,33 @@ def _rmtree(p: Path) -> None:
 
 
 # ---- checks before anything starts ------------------------------------------------------------
+
+
+def check_corpus(data: DataConfig) -> DataConfig:
+    """The corpus `data` names, checked before anything trains, or a FieldError at the data field
+    at fault; returns `data` with the vocab_size a prepared folder's manifest gives (a config
+    holds values only, so it cannot know it). A prepared folder is checked in full (manifest,
+    shards, checksums, id range, a window of seq_len + 1 in each split), once per process and
+    folder state. A token path that does not exist passes when vocab_size is given: `sweep plan`
+    may size a corpus not prepared yet (check_data refuses it before a run)."""
+    if data.tokens is None:
+        return data
+    path = Path(data.tokens).expanduser()
+    if not path.is_dir():
+        if data.vocab_size is not None:
+            return data
+        if not path.exists():
+            raise FieldError("tokens", f"tokens {data.tokens}: no such folder (prepare one with `sweep data prepare "
+                             "SOURCE --out DIR`; a .bin file also needs vocab_size)")
+        raise FieldError("tokens", "tokens needs vocab_size")
+    try:
+        vocab = check_token_dir(path, data.seq_len)
+    except ValueError as exc:  # located at the field that names the folder
+        raise FieldError("tokens", str(exc)) from None
+    if data.vocab_size not in (None, vocab):
+        raise FieldError("vocab_size", f"vocab_size {data.vocab_size} disagrees with the manifest of {data.tokens} "
+                         f"({vocab}); leave it out")
+    return data if data.vocab_size == vocab else data.model_copy(update={"vocab_size": vocab})
 
 
 def check_data(data: DataConfig, eval_sequences: int, eval_seq_len: int, batch_size: int) -> Corpus:

@@ -491,7 +491,7 @@ def data_prepare(
 
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from sweep.prepare import PrepareError, auto_workers, prepare, source_bytes
+    from study.corpus.prepare import PrepareError, auto_workers, prepare, source_bytes
 
     refuse_writes_into_a_sweep("--out", str(out_dir), whole_folder=True)
     total = tokens or None

@@ -135,7 +135,7 @@ def probe_task(uri: str, task: ProbeTask, tokens: int, sae_json: str, threads: i
     import torch
 
     from study.config import TrialConfig
-    from study.data import eval_batch, load_corpus
+    from study.data import check_corpus, eval_batch, load_corpus
     from study.model import Transformer
     from study.rotation import generator_for, random_orthogonal
     from study.sae import SAEConfig, probe_layer
@@ -143,6 +143,7 @@ def probe_task(uri: str, task: ProbeTask, tokens: int, sae_json: str, threads: i
     torch.set_num_threads(max(1, threads))
     store = _store(uri)
     cfg = TrialConfig.model_validate_json(task.config_json)
+    check_corpus(cfg.data)  # this process's view of the corpus the trial trained on
     state = torch.load(io.BytesIO(store.read_final_weights(task.trial_id)), map_location="cpu", weights_only=False)
     model = Transformer.from_config(cfg)
     model.load_state_dict(state["model"])

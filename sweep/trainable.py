@@ -18,6 +18,7 @@ from pathlib import Path
 from ray import tune
 
 from study.config import TrialConfig
+from study.data import check_corpus
 from study.train import RunSummary, run_row, train
 from sweep.store import ResultsStore, StoreSink
 
@@ -89,6 +90,7 @@ def train_worker(config: dict) -> None:
     if cwd and os.path.isdir(cwd):
         os.chdir(cwd)
     cfg = TrialConfig.model_validate_json(config["trial"])
+    check_corpus(cfg.data)  # this worker's view of the corpus the driver checked
     store = ResultsStore(config["results"], cfg.sweep)
     train(cfg, WorkerSink(store, cfg.trial_id), checkpoint_dir=store.trial_dir(cfg.trial_id))
 
@@ -130,6 +132,7 @@ def run_trial(config: dict) -> None:
     if cwd and os.path.isdir(cwd):  # Tune starts a trial in its own folder; the spec's paths are the driver's
         os.chdir(cwd)
     cfg = TrialConfig.model_validate_json(config["point"]["trial"])
+    check_corpus(cfg.data)  # this node's view of the corpus the driver checked
     store = ResultsStore(config["results"], cfg.sweep)
     sink = TuneSink(store, cfg.trial_id)
     checkpoint = tune.get_checkpoint()

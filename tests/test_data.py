@@ -10,7 +10,7 @@ import torch
 
 from study import data
 from study.config import DataConfig
-from study.data import Corpus, eval_batch, load_corpus, sample_batch
+from study.data import Corpus, check_corpus, eval_batch, load_corpus, sample_batch
 
 # ---- stdlib -----------------------------------------------------------------------------------
 
@@ -290,12 +290,12 @@ def test_sharded_tokens_index_like_one_array():
 
 
 def test_prepared_folder_loads_through_its_manifest(tmp_path):
-    from sweep.prepare import write_corpus
+    from study.corpus.prepare import write_corpus
 
     train = (np.arange(3000) % 700).astype(np.uint16)
     val = (np.arange(500) % 11).astype(np.uint16)
     m = write_corpus(tmp_path / "c", {"train": train, "val": val}, vocab_size=700, shard_tokens=1000)
-    cfg = DataConfig(tokens=str(tmp_path / "c"), seq_len=16)
+    cfg = check_corpus(DataConfig(tokens=str(tmp_path / "c"), seq_len=16))
     assert cfg.vocab_size == 700  # from the manifest, not the spec
     c = load_corpus(cfg)
     assert isinstance(c.train, data.ShardedTokens) and len(c.train.shards) == 3
@@ -305,3 +305,42 @@ def test_prepared_folder_loads_through_its_manifest(tmp_path):
     assert c.fingerprint == m["fingerprint"] and "prepared" in c.description
     x, y = eval_batch(c, 4, 16, "cpu")
     assert x.shape == (4, 16) and int(x.max()) < 11
+
+
+# ---- the config holds values; check_corpus checks the corpus ------------------------------------
+
+
+def test_a_data_config_reads_nothing_and_check_corpus_locates_the_problem(tmp_path):
+    from study.config import FieldError, TrialConfig
+
+    missing = DataConfig(tokens=str(tmp_path / "not-yet"), seq_len=16)  # no I/O: builds, vocab unknown
+    assert missing.vocab_size is None
+    cfg = TrialConfig(model={"d_model": 16, "n_layers": 1, "n_heads": 2}, optimizer={"name": "adam", "lr": 1e-3},
+                      data=missing, train={"steps": 1})
+    with pytest.raises(ValueError, match="vocab_size unknown until the corpus is checked"):
+        cfg.vocab_size  # never a silent 256
+    with pytest.raises(FieldError, match="no such folder") as err:
+        check_corpus(missing)
+    assert err.value.loc == ("tokens",)
+    stated = DataConfig(tokens=str(tmp_path / "not-yet"), vocab_size=50304)
+    assert check_corpus(stated) is stated  # `sweep plan` may size a corpus not prepared yet
+
+
+def test_a_prepared_folder_is_hashed_once_per_process(tmp_path):
+    from study.corpus import format
+    from study.corpus.prepare import write_corpus
+
+    write_corpus(tmp_path / "c", {"train": np.arange(3000) % 300, "val": np.arange(500) % 300}, vocab_size=300)
+    before = format._verify_shards.cache_info().misses
+    for _ in range(3):
+        assert check_corpus(DataConfig(tokens=str(tmp_path / "c"), seq_len=16)).vocab_size == 300
+    assert format._verify_shards.cache_info().misses == before + 1
+
+
+def test_the_config_does_not_import_the_reader():
+    import subprocess
+    import sys
+
+    code = "import sys, study.config; print('study.data' in sys.modules, 'study.corpus.format' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]

@@ -1,8 +1,8 @@
 import pytest
 
-from sweep.grid import expand, select
+from sweep.grid import expand, select, trial_config
 from study.config import TrialConfig
-from sweep.spec import SpecError, parse_spec, trial_config
+from sweep.spec import SpecError, parse_spec
 
 SPEC = {
     "name": "t",

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from study import data
 from study.config import DataConfig
-from study.data import load_corpus
-from sweep import prepare as P
+from study.corpus.format import manifest_fingerprint, read_manifest
+from study.data import check_corpus, load_corpus
+from study.corpus import prepare as P
 from sweep.cli import app
 
 runner = CliRunner()
@@ -165,7 +165,7 @@ def test_killed_prepare_is_detected_and_cleaned_by_the_rerun(tmp_path):
     src = make_source("jsonl", tmp_path, documents(200))
     out = tmp_path / "c"
     code = textwrap.dedent(f"""
-        import os, signal, sweep.prepare as P
+        import os, signal, study.corpus.prepare as P
         P.BATCH_BYTES = 2000
         P.prepare({src!r}, {str(out)!r}, val_fraction=0.2,
                   on_progress=lambda r, w: w > 5000 and os.kill(os.getpid(), signal.SIGKILL))
@@ -176,7 +176,7 @@ def test_killed_prepare_is_detected_and_cleaned_by_the_rerun(tmp_path):
     assert partial.is_dir() and (partial / "train_000000.bin").stat().st_size > 0
     assert not (partial / "manifest.json").exists() and not out.exists()
     with pytest.raises(ValueError, match="interrupted prepare"):
-        data.read_manifest(out)
+        read_manifest(out)
     events = []
     m = P.prepare(src, out, val_fraction=0.2, on_event=events.append)
     assert any("removing an interrupted prepare" in e for e in events)
@@ -189,7 +189,7 @@ def test_killed_prepare_is_detected_and_cleaned_by_the_rerun(tmp_path):
 def rewrite_manifest(folder: Path, **changes) -> None:
     m = json.loads((folder / "manifest.json").read_text())
     m.update(changes)
-    m["fingerprint"] = data.manifest_fingerprint(m)
+    m["fingerprint"] = manifest_fingerprint(m)
     (folder / "manifest.json").write_text(json.dumps(m))
 
 
@@ -263,8 +263,8 @@ def test_corpus_smaller_than_one_window_is_refused(tmp_path):
 def test_vocab_size_in_the_spec_must_match_the_manifest(tmp_path):
     folder = good(tmp_path)
     with pytest.raises(ValueError, match="disagrees with the manifest"):
-        DataConfig(tokens=str(folder), vocab_size=512)
-    assert DataConfig(tokens=str(folder), vocab_size=300).vocab_size == 300
+        check_corpus(DataConfig(tokens=str(folder), vocab_size=512))
+    assert check_corpus(DataConfig(tokens=str(folder), vocab_size=300)).vocab_size == 300
 
 
 # ---- end to end -------------------------------------------------------------------------------

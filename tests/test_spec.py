@@ -179,3 +179,26 @@ def test_the_corpus_must_hold_the_largest_batch_the_size_rule_gives(tmp_path):
     with pytest.raises(SpecError) as info:
         load_spec(write(tmp_path, scaled))
     assert "data.text:" in str(info.value) and "fewer than one batch (train.batch_size 4096 x data.seq_len 64" in str(info.value)
+
+
+def test_a_corpus_problem_stands_in_the_data_fields_place(tmp_path):
+    """The corpus is checked once the spec's values are (study.data.check_corpus), yet reported as
+    when the config checked it: beside other fields' problems in field order (name, data, train,
+    grid), alone when only spec-wide rules (device, workers) failed, since those are not reached."""
+    from study.corpus.prepare import write_corpus
+
+    folder = tmp_path / "c"
+    write_corpus(folder, {"train": np.arange(4000) % 300, "val": np.arange(1000) % 300}, 300)
+    raw = bytearray((folder / "val_000000.bin").read_bytes())
+    raw[10] ^= 1
+    (folder / "val_000000.bin").write_bytes(bytes(raw))
+    damaged = GOOD.replace("name: t", f"name: t\ndata: {{tokens: {folder}, seq_len: 16}}")
+    with pytest.raises(SpecError) as info:
+        load_spec(write(tmp_path, damaged.replace("name: t", "name: 'bad name'").replace("lr: 0.1", "lr: -1")))
+    lines = [l.strip() for l in str(info.value).splitlines()[1:]]
+    assert [l.split(":")[0] for l in lines] == ["name", "data.tokens", "grid.optimizer[1].lr"], lines
+    assert "val_000000.bin does not match its sha256" in lines[1]
+    with pytest.raises(SpecError) as info:
+        load_spec(write(tmp_path, damaged + "device: cuda\n"))
+    lines = str(info.value).splitlines()[1:]
+    assert len(lines) == 1 and lines[0].strip().startswith("data.tokens:"), lines

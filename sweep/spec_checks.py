@@ -1,0 +1,148 @@
+"""What a spec promises, checked before anything starts: every combination of the grid axes
+(cross-axis rules, memory and time bounds, repeated entries) and the corpus (study.data's
+check_corpus and check_data). Each problem is one located line (sweep.spec_yaml.Where)."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from study.config import DataConfig, FieldError, TrialConfig
+from study.data import check_corpus, check_data
+from sweep.grid import trial_config
+from sweep.spec_schema import SweepSpec
+from sweep.spec_yaml import ABSENT, Where, dig, error_message
+
+__all__ = [
+    "FASTEST_FLOP_S", "MAX_TRIAL_BYTES", "MAX_TRIAL_SECONDS", "MIN_STEP_S", "checked_corpus", "corpus_problems",
+    "point_problems", "unprepared",
+]
+
+MAX_TRIAL_BYTES = 1 << 40
+"""Estimated training memory above which a trial is refused (1 TiB: no single device or host)."""
+MAX_TRIAL_SECONDS = 365 * 86400
+"""Estimated duration above which a trial is refused (a year)."""
+FASTEST_FLOP_S = 1e15
+"""An optimistic sustained rate for one trial (1 PFLOP/s) for that estimate ..."""
+MIN_STEP_S = 1e-4
+"""... and an optimistic floor on one optimiser step's wall time (0.1 ms)."""
+
+
+def checked_corpus(data: DataConfig, spec: dict, where: Where) -> tuple[DataConfig | None, str | None]:
+    """(study.data.check_corpus's DataConfig, None), or (None, its problem located in the spec)."""
+    try:
+        return check_corpus(data), None
+    except FieldError as exc:
+        return None, where.format(("data", *exc.loc), str(exc), dig(spec.get("data"), exc.loc))
+
+
+def unprepared(spec: SweepSpec) -> bool:
+    """The spec's token corpus folder is not prepared yet, and its stated vocab_size sizes the
+    models (a missing .bin/.npy file is a wrong path, not a corpus still to prepare)."""
+    d = spec.data
+    return (d.tokens is not None and Path(d.tokens).suffix not in (".bin", ".npy")
+            and not Path(d.tokens).expanduser().exists() and d.vocab_size is not None)
+
+
+def point_problems(spec: SweepSpec, where: Where):
+    """Every combination of the axes (seeds aside): rules across axes (group_size > n_layers,
+    rotate: all with a big vocabulary), memory and time bounds; then repeated axis entries."""
+    g = spec.grid
+    axes = {"model": g.model, "optimizer": g.optimizer, "norm": g.norm, "rotation": g.rotation}
+    for (mi, m), (oi, o), (ni, n), (ri, r) in itertools.product(*(enumerate(v) for v in axes.values())):
+        index = {"model": mi, "optimizer": oi, "norm": ni, "rotation": ri}
+        try:
+            cfg = trial_config(spec, m, o, n, r, g.seed[0])
+        except FieldError as exc:  # a size rule (lr_scaling, batch_scaling) with no usable value here
+            loc = ("grid", "optimizer", oi, *exc.loc[1:]) if exc.loc[0] == "optimizer" else exc.loc
+            yield where.format(loc, f"{exc} (with grid.model[{mi}])")
+            continue
+        except ValidationError as exc:
+            for err in exc.errors():
+                rel = tuple(getattr((err.get("ctx") or {}).get("error"), "loc", ()) or ())
+                loc = ("grid", rel[0], index[rel[0]], *rel[1:]) if rel and rel[0] in index else rel
+                msg = error_message(err) + (f" (with grid.model[{mi}])" if rel[:1] == ("rotation",) else "")
+                yield where.format(loc, msg, dig(err.get("input"), rel) if rel else ABSENT)
+            continue
+        for loc, msg in _budget(cfg, mi):
+            yield where.format(loc, msg)
+    for axis, entries in axes.items():
+        for j, e in enumerate(entries):
+            i = next(i for i, f in enumerate(entries) if f == e)
+            if i < j:
+                first = ("grid", axis, i)
+                line = where.line(first)
+                yield where.format(("grid", axis, j), f"the same grid point as {where.label(first)}"
+                                   + (f" (line {line})" if line else ""))
+
+
+def _largest_batch(spec: SweepSpec) -> int:
+    """The largest batch a trial trains with: train.batch_size, or what batch_scaling gives at
+    the grid's largest size (a rule that fails is reported by _check_points)."""
+    g, batches = spec.grid, [spec.train.batch_size]
+    if getattr(spec.train, "batch_scaling", None) is not None:
+        batches = []
+        for m in g.model:
+            try:
+                batches.append(trial_config(spec, m, g.optimizer[0], g.norm[0], g.rotation[0], g.seed[0]).train.batch_size)
+            except (FieldError, ValidationError):
+                continue
+    return max(batches, default=spec.train.batch_size)
+
+
+def corpus_problems(spec: SweepSpec, where: Where) -> list[str]:
+    """study.data.check_data's problem (the corpus loads, holds the largest batch and an eval
+    window), located; empty when there is none."""
+    t = spec.train
+    try:
+        check_data(spec.data, t.eval_batch.sequences, t.eval_batch.seq_len or spec.data.seq_len, _largest_batch(spec))
+    except FieldError as exc:
+        return [where.format(("data", *exc.loc), str(exc))]
+    return []
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("EiB", 2**60), ("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
+        if n >= scale:
+            return f"{n / scale:,.3g} {unit}"
+    return f"{n:,.0f} bytes"
+
+
+def _budget(cfg: TrialConfig, mi: int):
+    """Memory and time estimates (rough lower bounds, fp32) against MAX_TRIAL_BYTES and
+    MAX_TRIAL_SECONDS; each problem at the field that drives it."""
+    m, t, V, T = cfg.model, cfg.train, cfg.vocab_size, cfg.data.seq_len
+    d, L, H, f = m.d_model, m.n_layers, m.n_heads, m.d_mlp
+    state = 16 * cfg.params  # weights, gradients, two Adam moments, fp32
+    limit = f"one trial may use at most {_size(MAX_TRIAL_BYTES)}"
+    if state > MAX_TRIAL_BYTES:
+        parts = {("grid", "model", mi, "d_model"): cfg.params_non_embedding, ("data", "vocab_size"): 2 * V * d,
+                 ("data", "seq_len"): T * d}
+        yield (max(parts, key=parts.get),
+               f"{cfg.params:,} parameters (d_model {d}, {L} layers, vocab {V}, seq_len {T}) need about "
+               f"{_size(state)} for weights, gradients and Adam moments; {limit}")
+        return
+
+    def activations(batch: int, seq: int) -> tuple[int, int]:  # (linear in T, attention T^2)
+        return 4 * batch * seq * (L * (8 * d + 2 * f) + 2 * V), 8 * batch * L * H * seq * seq
+
+    for (lin, att), b_loc, t_loc, (b, s) in (
+        (activations(t.batch_size, T), ("train", "batch_size"), ("data", "seq_len"), (t.batch_size, T)),
+        (activations(t.eval_batch.sequences, cfg.eval_seq_len), ("train", "eval_batch", "sequences"),
+         ("train", "eval_batch", "seq_len") if t.eval_batch.seq_len else ("data", "seq_len"),
+         (t.eval_batch.sequences, cfg.eval_seq_len)),
+    ):
+        if state + lin + att > MAX_TRIAL_BYTES:
+            yield (t_loc if att > lin else b_loc,
+                   f"a batch of {b:,} x {s:,} tokens needs about {_size(lin + att)} of activations "
+                   f"({_size(att)} of them attention scores, which grow as seq_len^2); {limit}")
+            return
+    steps = cfg.total_steps
+    step_s = max(MIN_STEP_S, cfg.flops_per_token * cfg.tokens_per_step / FASTEST_FLOP_S)
+    if steps * step_s > MAX_TRIAL_SECONDS:
+        field = next(k for k in ("steps", "tokens", "tokens_per_param") if getattr(t, k) is not None)
+        yield (("train", field),
+               f"{steps:,} steps would take at least {steps * step_s / MAX_TRIAL_SECONDS:,.3g} years even at "
+               f"{FASTEST_FLOP_S:.0e} FLOP/s and {MIN_STEP_S * 1e3:g} ms per step; one trial may take at most a year")
