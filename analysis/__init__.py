@@ -6,9 +6,14 @@
     analysis.write_report("results/scaling")      # fits + charts + index.html
 
 Never imports torch or ray. The light modules (load, schema, labels, identity, queries, selection,
-power_law, fits: polars and numpy; scipy inside the fits that use it) are imported with the package and their ``__all__`` re-exported; the heavy
-ones (charts, report: Altair, vl-convert) load on first use (``analysis.charts``,
-``analysis.write_report``).
+power_law, fits: polars and numpy; scipy inside the fits that use it) are imported with the
+package and their names listed below; the heavy ones (charts, report: Altair, vl-convert) load on
+first use (``analysis.charts``, ``analysis.write_report``).
+
+``analysis.load`` is the function ``load``, not the module of that name: the explicit
+``from analysis.load import load`` below binds it over the submodule attribute the import sets.
+The module is ``sys.modules["analysis.load"]``; ``from analysis.load import Results`` reads it
+as usual (only ``import analysis.load as m`` would give the function).
 """
 
 from __future__ import annotations
@@ -18,34 +23,143 @@ import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from analysis import fits, identity, labels, power_law, queries, schema, selection
-from analysis import load as _load_module  # the submodule; ``analysis.load`` is its function
-from analysis.fits import *  # noqa: F403
-from analysis.identity import *  # noqa: F403
-from analysis.labels import *  # noqa: F403
-from analysis.load import *  # noqa: F403
-from analysis.power_law import *  # noqa: F403
-from analysis.queries import *  # noqa: F403
-from analysis.schema import *  # noqa: F403
-from analysis.selection import *  # noqa: F403
+from analysis.fits import compare_exponents, fit_curves, fit_each, fit_groups, fits_table
+from analysis.identity import ID_COLUMNS, science_hash, with_ids
+from analysis.labels import BASIS_SERIES, LABEL_AXES, SITE_NAMES, trial_label, trial_labels, varying_axes
+from analysis.load import (
+    CONFIG_ID,
+    LABEL_COLUMNS,
+    SIZE_COLUMNS,
+    NoSweepError,
+    Results,
+    config_label,
+    find_sweep,
+    load,
+    rotation_label,
+)
+from analysis.power_law import (
+    ExponentComparison,
+    PowerLawFit,
+    between_seed_halfwidth,
+    fit_power_law,
+    seed_exponents,
+    t_critical,
+)
+from analysis.queries import (
+    CONTROL,
+    QueryError,
+    basis_comparison,
+    carried,
+    config_keys,
+    layer_profile,
+    loss_table,
+    metric_over_training,
+    per_trial,
+    runs_table,
+    scale_table,
+    sql,
+    summarise,
+)
+from analysis.schema import (
+    ARROW,
+    CHECKS_SCHEMA,
+    CURVES_SCHEMA,
+    DIMS_SCHEMA,
+    FINISHED,
+    METRICS_SCHEMA,
+    RUNS_SCHEMA,
+    SAE_SCHEMA,
+    SCHEMAS,
+    STATUSES,
+    TABLES,
+    UNSUCCESSFUL,
+    Status,
+)
+from analysis.selection import best_lr, best_lr_results, group_size_table, line_labels, onset, quant_penalty, versus
 
 if TYPE_CHECKING:  # seen by type checkers; imported on first use at run time
     from analysis import charts, report
-    from analysis.report import *  # noqa: F403
+    from analysis.report import DEFAULT_FITS, FitSpec, ReportResult, write_report
 
-_EAGER = (_load_module, schema, labels, identity, queries, selection, power_law, fits)
-_LAZY = ("charts", "report")
-__all__ = sorted({*(n for m in _EAGER for n in m.__all__), *_LAZY})
-"""The eager modules' names and the lazy modules themselves; ``report``'s own ``__all__``
-(``write_report``, ``ReportResult``, ...) resolves on first use through ``__getattr__``."""
+__all__ = [
+    "ARROW",
+    "BASIS_SERIES",
+    "CHECKS_SCHEMA",
+    "CONFIG_ID",
+    "CONTROL",
+    "CURVES_SCHEMA",
+    "DIMS_SCHEMA",
+    "ExponentComparison",
+    "FINISHED",
+    "ID_COLUMNS",
+    "LABEL_AXES",
+    "LABEL_COLUMNS",
+    "METRICS_SCHEMA",
+    "NoSweepError",
+    "PowerLawFit",
+    "QueryError",
+    "RUNS_SCHEMA",
+    "Results",
+    "SAE_SCHEMA",
+    "SCHEMAS",
+    "SITE_NAMES",
+    "SIZE_COLUMNS",
+    "STATUSES",
+    "Status",
+    "TABLES",
+    "UNSUCCESSFUL",
+    "basis_comparison",
+    "best_lr",
+    "best_lr_results",
+    "between_seed_halfwidth",
+    "carried",
+    "charts",
+    "compare_exponents",
+    "config_keys",
+    "config_label",
+    "find_sweep",
+    "fit_curves",
+    "fit_each",
+    "fit_groups",
+    "fit_power_law",
+    "fits_table",
+    "group_size_table",
+    "layer_profile",
+    "line_labels",
+    "load",
+    "loss_table",
+    "metric_over_training",
+    "onset",
+    "per_trial",
+    "quant_penalty",
+    "report",
+    "rotation_label",
+    "runs_table",
+    "scale_table",
+    "science_hash",
+    "seed_exponents",
+    "sql",
+    "summarise",
+    "t_critical",
+    "trial_label",
+    "trial_labels",
+    "varying_axes",
+    "versus",
+    "with_ids",
+]
+"""The light modules' names and the two heavy modules themselves; the report's own names
+(``_FROM_REPORT``) resolve on first use through ``__getattr__`` and are not listed, as before."""
+
+_LAZY_MODULES = ("charts", "report")
+_FROM_REPORT = ("DEFAULT_FITS", "FitSpec", "ReportResult", "write_report")
 
 
 def __getattr__(name: str) -> Any:
     # A submodule not yet imported (`from analysis import counts` inside the report's own
     # modules) is that submodule; resolving it through `report` would import the report
     # machinery half-way through its own import.
-    if name in _LAZY or importlib.util.find_spec(f"{__name__}.{name}") is not None:
+    if name in _LAZY_MODULES or importlib.util.find_spec(f"{__name__}.{name}") is not None:
         return importlib.import_module(f"{__name__}.{name}")
-    report = importlib.import_module(f"{__name__}.report")
-    if name in report.__all__:
-        return getattr(report, name)
+    if name in _FROM_REPORT:
+        return getattr(importlib.import_module(f"{__name__}.report"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

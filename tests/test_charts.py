@@ -380,3 +380,19 @@ def test_legends_and_line_labels_name_muon_ends_and_precondition_frequency() -> 
     labels = dict(selection.line_labels(rows).select("tuned_line_id", "config").iter_rows())
     assert "muon_ends=adamw" in labels["a"] and "muon_ends=sgd" in labels["b"], labels
     assert "precondition_frequency=10" in labels["c"] and "precondition_frequency=50" in labels["d"], labels
+
+
+@pytest.mark.parametrize("helpers", ["frames", "layers"])
+def test_the_shared_helpers_the_builders_import_are_in_all(helpers: str) -> None:
+    import ast
+    import importlib
+
+    module = f"analysis.charts.{helpers}"
+    imported = {
+        alias.name
+        for f in [*Path(charts.__file__).parent.rglob("*.py"), *Path(__file__).parent.glob("test_*.py")]
+        for node in ast.walk(ast.parse(f.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.module == module
+        for alias in node.names
+    }
+    assert imported and imported <= set(importlib.import_module(module).__all__)

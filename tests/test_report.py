@@ -262,7 +262,7 @@ def test_fits_do_not_depend_on_the_order_rows_are_read_in(store) -> None:  # noq
     from polars.testing import assert_frame_equal
 
     from analysis.load import load
-    from analysis.report_build import build
+    from analysis.report.content import build
 
     results = load(store.path)
     shuffled = dataclasses.replace(

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 from analysis.report import write_report
-from analysis.report_dims import NO_DIMS_NOTE
+from analysis.report.dims import NO_DIMS_NOTE
 from test_analysis_attribution import dims_sweep  # noqa: F401
 
 CHARTS = ("dims_persistence", "dims_ablation", "dims_tokens")

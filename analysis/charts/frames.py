@@ -12,6 +12,12 @@ import polars as pl
 
 from analysis.charts.style import MAX_EVALS, ROTATION_ORDER, SizeChoice, format_count
 
+__all__ = [
+    "as_frame", "decorate", "dodge", "pick_size", "rotation_sort", "size_column", "size_sort", "slim",
+    "thin_steps", "tooltip", "variant_order", "variant_title", "varies", "with_null",
+]  # fmt: skip
+"""The helpers the chart builders share; the rest is this module's own."""
+
 
 
 def as_frame(df: pl.DataFrame | pl.LazyFrame | Any) -> pl.DataFrame:

@@ -16,6 +16,12 @@ from analysis.charts.style import (
     optimizer_scale,
 )  # fmt: skip
 
+__all__ = [
+    "assemble", "band_and_line", "chart_title", "lines_with_band", "log_axis", "max_ticks", "null_per_size",
+    "null_per_width", "null_rule", "panel_width", "reference_label", "reference_rule", "y_scale_for",
+]  # fmt: skip
+"""The layers and layout helpers the chart builders share."""
+
 
 
 def y_scale_for(

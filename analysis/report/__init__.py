@@ -2,8 +2,8 @@
 
     write_report("results/scaling")            # -> results/scaling/report/index.html
 
-load -> ``report_build.build`` (best lr, queries, power-law fits, charts) ->
-``report_render`` (tables, chart files, index page) -> written here as ``<chart>.<fmt>``
+load -> ``content.build`` (best lr, queries, power-law fits, charts) ->
+``render`` (tables, chart files, index page) -> written here as ``<chart>.<fmt>``
 for each format (svg / png / pdf through vl-convert, html self-contained, json = the
 Vega-Lite spec), a fits table (``fits.csv``, ``fits.md``, ``fits.tex``), slope comparisons
 (``comparisons.csv``), ``best_lr.csv``, the fitted best lr against size (``lr_fit.csv``,
@@ -13,6 +13,10 @@ page with every chart inlined as SVG, the tables, the invariance checks and the 
 Failed and diverged trials are excluded and counted. A sweep with one model size gets its
 charts but no fits (the index says why); a missing table (no checks, no curves) skips only
 what needs it.
+
+The package: ``content`` computes (``build``: selection, queries, fits, charts), ``fits``
+holds the fit specs, ``dims`` and ``sae`` add their sections, ``render`` turns the content
+into bytes; this module writes them.
 """
 
 from __future__ import annotations
@@ -24,11 +28,11 @@ from typing import Literal
 
 import polars as pl
 
-from analysis import report_render as render
 from analysis import storage
 from analysis.load import Results, load
-from analysis.report_build import COUNT_FIT_NOTE, build
-from analysis.report_fits import DEFAULT_FITS, FitSpec
+from analysis.report import render
+from analysis.report.content import COUNT_FIT_NOTE, build
+from analysis.report.fits import DEFAULT_FITS, FitSpec
 from analysis.vega_workers import VegaWorkers
 
 __all__ = ["DEFAULT_FITS", "FitSpec", "ReportResult", "write_report"]

@@ -1,7 +1,7 @@
 """The report's content -> bytes: one table model (markdown, TeX, HTML), the charts through
 vl-convert, and ``index.html`` from one ``string.Template``.
 
-Nothing here computes a number; ``report_build`` does. The CSV files are the data frames
+Nothing here computes a number; ``content.build`` does. The CSV files are the data frames
 themselves (every column), not these tables (the readable subset).
 """
 
@@ -24,7 +24,7 @@ from analysis.load import config_label
 from analysis.vega_workers import VECTOR, VegaWorkers, render_spec
 
 if TYPE_CHECKING:
-    from analysis.report_build import ReportContent
+    from analysis.report.content import ReportContent
 
 __all__ = [
     "Table",

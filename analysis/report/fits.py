@@ -1,0 +1,134 @@
+"""The power laws the report fits (``FitSpec``, ``DEFAULT_FITS``) and the comparisons of
+their exponents between optimisers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+from analysis import charts, fits, queries, selection
+from analysis.labels import SITE_NAMES
+from analysis.null import NULL_LABEL
+
+__all__ = ["DEFAULT_FITS", "FitSpec", "compare_lines"]
+
+
+@dataclass(frozen=True)
+class FitSpec:
+    """One power law to fit against model size, per config: a metric (aggregated over
+    blocks with ``layer_agg``, then per trial) or, with ``site=None``, a runs column.
+    ``offset`` is subtracted before fitting. ``over_null``: fit metric / the exact null
+    3(d-1)/(d+1) (``analysis.null``; 1 without a privileged basis, so every config has a
+    slope). ``count``: the metric is a count of coordinates (``outlier_dims_rel``) fitted as
+    the fraction of d_model x blocks by a quasi-Poisson GLM (``analysis.counts``), zeros
+    included."""
+
+    metric: str
+    site: str | None = "resid"
+    basis: str | None = "stored"
+    layer_agg: queries.LayerAgg = "mean"
+    offset: float = 0.0
+    chart: bool = True
+    control: bool = False
+    """Fit the excess over the measured control (``queries.CONTROL``: the residual stream
+    in random bases, same trial, layer and step) instead of the raw value; undefined where a
+    config has no excess (not a default)."""
+    over_null: bool = False
+    count: bool = False
+
+    @property
+    def name(self) -> str:
+        """A file-name-safe identifier, e.g. ``kurtosis_resid_stored``."""
+        if self.site is None:
+            return self.metric
+        parts = [self.metric, self.site]
+        if self.basis not in ("stored", "computation", "neuron"):
+            parts.append(str(self.basis))
+        if self.layer_agg != "mean":
+            parts.append(self.layer_agg)
+        if self.control:
+            parts.append("excess")
+        if self.over_null:
+            parts.append("over_null")
+        if self.count:
+            parts.append("fraction")
+        return "_".join(parts)
+
+    @property
+    def label(self) -> str:
+        """A readable description for tables, e.g. ``kurtosis − 3, residual stream (mean over blocks)``."""
+        what = self.metric if self.offset == 0 else f"{self.metric} − {self.offset:g}"
+        what = f"{self.metric} − control" if self.control else what
+        what = f"{self.metric} / {NULL_LABEL}" if self.over_null else what
+        if self.count:
+            what = f"outlier fraction ({self.metric} / d_model)"
+        if self.site is None:
+            return what
+        where = SITE_NAMES.get((self.site, self.basis or ""), f"{self.site}/{self.basis}")
+        agg = "over blocks, quasi-Poisson GLM" if self.count else f"{self.layer_agg} over blocks"
+        return f"{what}, {where} ({agg})"
+
+
+DEFAULT_FITS: tuple[FitSpec, ...] = (
+    FitSpec("kurtosis", "resid", "stored", over_null=True),
+    FitSpec("kurtosis", "mlp_in", "computation", over_null=True),
+    FitSpec("outlier_dims_rel", "attn_in", "computation", count=True),
+    FitSpec("outlier_dims_rel", "mlp_in", "computation", count=True),
+    FitSpec("final_val_loss", site=None),
+)
+"""Kurtosis over the exact null 3(d-1)/(d+1) (a power law of kurtosis / null: slope 0
+without a privileged basis at every width, defined for every config, SGD's included, and
+free of the null's own finite-width drift) of the residual stream and of the MLP input in
+its computation basis; the outlier fraction (``outlier_dims_rel`` / d, a count model that
+handles zeros) at the attention and MLP inputs; and the final validation loss."""
+
+
+def compare_lines(
+    per: pl.DataFrame,
+    x: str,
+    line: str,
+    spec: FitSpec,
+    n_boot: int,
+    seed: int,
+    confidence: float,
+    fitted: dict[Any, Any],
+) -> list[dict[str, Any]]:
+    """Every pair of fitted lines of different optimisers within one stratum (same norm and
+    rotation): exponent(b) - exponent(a), a the reference optimiser (sgd, else the first in
+    ``charts.OPTIMIZER_COLORS`` order). Welch t over per-seed exponents where both have
+    2+ seeds, else independent bootstraps."""
+    if "optimizer" not in per.columns or spec.count:
+        return []
+    strata = [c for c in ("norm", "rotation_label") if c in per.columns]
+    labels = selection.line_labels(per, line)
+    ok = {k[0] for k, v in fitted.items() if isinstance(v, fits.PowerLawFit)}
+    info = per.group_by(line).agg(pl.col(c).first() for c in ["optimizer", *strata]).filter(pl.col(line).is_in(list(ok)))
+    info = info.join(labels.select(line, "config"), on=line, how="left")
+    order = list(dict.fromkeys(["sgd", *charts.OPTIMIZER_COLORS]))
+    rank = {o: i for i, o in enumerate(order)}
+    rows = []
+    memo: dict[Any, Any] = {}  # each line's fit, reused across its pairs
+    for key, group in (info.partition_by(strata, as_dict=True) if strata else {(): info}).items():
+        lines = sorted(group.iter_rows(named=True), key=lambda r: (rank.get(r["optimizer"], 99), r["config"]))
+        for i, ra in enumerate(lines):
+            for rb in lines[i + 1 :]:
+                if ra["optimizer"] == rb["optimizer"]:
+                    continue
+                try:
+                    c = fits.compare_exponents(
+                        per, x, "value", line, ra[line], rb[line], offset=spec.offset, n_boot=n_boot,
+                        seed=seed, seeds="seed", confidence=confidence, memo=memo,
+                    )  # fmt: skip
+                except ValueError:
+                    continue
+                rows.append({
+                    "fit": spec.label, **dict(zip(strata, key, strict=True)),
+                    "a": ra["config"], "b": rb["config"],
+                    "exponent_a": c.fit_a.exponent, "exponent_b": c.fit_b.exponent,
+                    "n_a": c.fit_a.n_label, "n_b": c.fit_b.n_label,
+                    "difference": c.difference, "difference_low": c.difference_ci[0],
+                    "difference_high": c.difference_ci[1], "p_value": c.p_value, "method": c.method,
+                })  # fmt: skip
+    return rows
