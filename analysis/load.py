@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import polars as pl
 
-from resultstore.layout import DamagedFile, NoSweepError
+from resultstore.layout import DamagedFile, NoSweepError  # noqa: F401  (re-exported)
 from resultstore.reader import Results, find_sweep, load, verify_footers  # noqa: F401  (re-exported)
 from resultstore.schema import (  # noqa: F401  (re-exported: the contract lives in resultstore)
     CHECKS_SCHEMA,
