@@ -1,9 +1,9 @@
 """Which trials belong together: identities derived from a run's science config.
 
 Every id is a 12-hex-digit sha256 of the canonical JSON of the trial's config (the runs
-column ``config_json``) with some parts removed, computed exactly as
-``study.config.TrialConfig.config_id`` computes its own (so ``config_id`` recomputed here
-equals the stored one; a test checks):
+column ``config_json``) with some parts removed, by ``resultstore.ids.science_hash``, the
+function ``study.config.TrialConfig.config_id`` computes its own with (so ``config_id``
+recomputed here equals the stored one):
 
 - ``config_id``: without the seed (and the non-science ``sweep`` / ``runtime``): the seeds of
   one config. Stored by the writer; filled here only for rows written before it existed.
@@ -20,19 +20,17 @@ columns that describe the config (``_FALLBACK``), a documented approximation.
 
 from __future__ import annotations
 
-import hashlib
 import json
-from collections.abc import Sequence
 from typing import Any
 
 import polars as pl
 
 from analysis.load import LABEL_COLUMNS, SIZE_COLUMNS
+from resultstore.ids import science_hash  # the one implementation, also TrialConfig.config_id's
 
 __all__ = ["ID_COLUMNS", "science_hash", "with_ids"]
 
 ID_COLUMNS = ("config_id", "tuning_id", "line_id", "tuned_line_id")
-_NOT_SCIENCE = ("seed", "sweep", "runtime")
 _DROPS: dict[str, tuple[str, ...]] = {
     "config_id": (),
     "tuning_id": ("optimizer.lr",),
@@ -41,21 +39,6 @@ _DROPS: dict[str, tuple[str, ...]] = {
 }
 _FALLBACK = (*LABEL_COLUMNS, *SIZE_COLUMNS, "corpus", "seq_len", "batch_size", "tokens")
 _SIZE_KEYS = ("d_model", "n_layers", "n_heads", "d_mlp", "params", "params_non_embedding", "tokens")
-
-
-def science_hash(config: dict[str, Any], drop: Sequence[str] = ()) -> str:
-    """sha256[:12] of ``config`` (a parsed ``config_json``) without the seed, ``sweep``,
-    ``runtime`` and the keys in ``drop`` (top-level, e.g. ``"model"``, or one level down,
-    e.g. ``"optimizer.lr"``). ``config`` is not modified."""
-    payload = {k: v for k, v in config.items() if k not in _NOT_SCIENCE}
-    for key in drop:
-        top, _, sub = key.partition(".")
-        if not sub:
-            payload.pop(top, None)
-        elif isinstance(payload.get(top), dict):
-            payload[top] = {k: v for k, v in payload[top].items() if k != sub}
-    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
 def _ids(row: dict[str, Any]) -> dict[str, str]:

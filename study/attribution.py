@@ -1,7 +1,7 @@
 """What the outlier dimensions are and what they do: attribution and causal ablation (issue 20).
 
 Run at the final eval (and every `train.attribution_every`-th eval) on the fixed eval batch x
-(B, T), by `Attribution.run`. Rows go to the `dims` table (analysis/schema.py documents columns).
+(B, T), by `Attribution.run`. Rows go to the `dims` table (resultstore/schema.py documents columns).
 
 Attribution, per (layer, site): `resid` (basis `stored`, layers 0..L: 0 = the embeddings, l =
 the output of block l) and `attn_in` / `mlp_in` (basis `computation`, layers 1..L: the norms'

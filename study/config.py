@@ -8,7 +8,6 @@ of the fields that change a result; `runtime` (device, threads, compile) is excl
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import math
 import types
@@ -17,6 +16,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from resultstore.ids import canonical_json, digest, science_hash
 from study.optim.registry import OPTIMIZERS, optimizer_family, optimizer_names, runs_columns
 
 NormName = Literal["layernorm", "rmsnorm", "rmsnorm_scalar"]
@@ -412,21 +412,23 @@ class TrialConfig(_Frozen):
         return self._canonical(exclude=set())
 
     def _canonical(self, exclude: set[str]) -> str:
-        payload = without_new_defaults(self, self.model_dump(mode="json", exclude=exclude))
-        return json.dumps(payload, sort_keys=True, separators=(",", ":"))
+        return canonical_json(self._payload(exclude))
+
+    def _payload(self, exclude: set[str]) -> dict:
+        return without_new_defaults(self, self.model_dump(mode="json", exclude=exclude))
 
     # Cached: a 10,000-trial plan asks each id several times. model_copy drops the cache, since
     # an update may change what the ids hash.
     @functools.cached_property
     def trial_id(self) -> str:
         """12-hex-digit hash of science_json()."""
-        return hashlib.sha256(self.science_json().encode()).hexdigest()[:12]
+        return digest(self.science_json())
 
     @functools.cached_property
     def config_id(self) -> str:
         """12-hex-digit hash of science_json() without the seed: the seeds of one config share
         it, and every seed aggregate groups by it (never by a hand-picked column list)."""
-        return hashlib.sha256(self._canonical(exclude={"runtime", "sweep", "seed"}).encode()).hexdigest()[:12]
+        return science_hash(self._payload(exclude=set()))  # analysis hashes config_json with the same function
 
     def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> TrialConfig:
         copy = super().model_copy(update=update, deep=deep)

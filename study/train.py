@@ -8,6 +8,7 @@ be durable (`flush`, always before the checkpoint that covers them is written).
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import subprocess
@@ -34,7 +35,7 @@ from study.quant import quant_rows, quantised_delta_se, quantised_losses
 from study.rotation import generator_for
 
 if TYPE_CHECKING:  # the runs-table contract; study does not import analysis at run time
-    from analysis.schema import Status
+    from resultstore.schema import Status
 
 CHECKPOINT_FILE = "checkpoint.pt"
 
@@ -63,9 +64,10 @@ class Sink(Protocol):
     def run(self, row: dict) -> None:
         """The runs row, written last: it marks the trial finished."""
 
-    def final_weights(self, state: dict[str, Any]) -> None:
-        """A done trial's final model ({"trial_id", "model": state_dict}), just before its runs
-        row (probes such as `sweep probe sae` read it)."""
+    def final_weights(self, data: bytes) -> None:
+        """A done trial's final model, torch.save bytes of {"trial_id", "model": state_dict}, just
+        before its runs row (probes such as `sweep probe sae` read it). Bytes: the store below
+        does not import torch."""
 
 
 @dataclass
@@ -108,8 +110,8 @@ class MemorySink:
     def progress(self, info: dict) -> None:
         self.progress_log.append(info)
 
-    def final_weights(self, state: dict[str, Any]) -> None:
-        self.final_state = state
+    def final_weights(self, data: bytes) -> None:
+        self.final_state = torch.load(io.BytesIO(data), weights_only=False)
 
     def run(self, row: dict) -> None:
         self.run_row = row
@@ -391,7 +393,9 @@ def train(
     )
     if ranks.main:
         if status == "done":
-            sink.final_weights({"trial_id": cfg.trial_id, "model": model.state_dict()})
+            buf = io.BytesIO()
+            torch.save({"trial_id": cfg.trial_id, "model": model.state_dict()}, buf)
+            sink.final_weights(buf.getvalue())
         sink.run(run_row(cfg, summary, device, corpus.fingerprint))
     return summary
 

@@ -78,7 +78,8 @@ def duration(seconds: float) -> str:
 
 def sweep_folder(results: str) -> str:
     """A sweep folder or URI, or a results root holding exactly one sweep -> the sweep's path/URI."""
-    from analysis.load import NoSweepError, find_sweep
+    from resultstore.layout import NoSweepError
+    from resultstore.reader import find_sweep
 
     try:
         return find_sweep(results)
@@ -89,17 +90,18 @@ def sweep_folder(results: str) -> str:
 def open_store(results: str, sweep: str):
     """The ResultsStore at results/sweep, or exit 2 when it cannot be reached or written, or lies
     inside another sweep's tables (their readers would take its files for rows of theirs)."""
-    from analysis import storage
-    from analysis.storage import StorageError
-    from sweep.store import ResultsStore
+    from resultstore.layout import writes_into_a_sweep
+    from resultstore.uri import StorageError
+    from resultstore.writer import ResultsStore
 
-    from sweep.store import writes_into_a_sweep
-
-    why = writes_into_a_sweep(storage.join(storage.normalize(results), sweep))
+    try:
+        store = ResultsStore(results, sweep)  # the one place `--results` becomes a store
+    except StorageError as exc:
+        raise bad_input(str(exc)) from None
+    why = writes_into_a_sweep(store.uri)
     if why is not None:
         raise bad_input(f"--results {results}: the sweep's folder {sweep}/ there would be {why.removeprefix('it is ')}")
     try:
-        store = ResultsStore(results, sweep)
         store.check_writable()
         return store
     except StorageError as exc:
@@ -108,7 +110,7 @@ def open_store(results: str, sweep: str):
 
 def refuse_writes_into_a_sweep(option: str, target: str | None, *, whole_folder: bool = False) -> None:
     """Exit 2 when an output path lies inside a sweep's tables: only the store's writer writes there."""
-    from sweep.store import writes_into_a_sweep
+    from resultstore.layout import writes_into_a_sweep
 
     why = writes_into_a_sweep(target, whole_folder=whole_folder) if target is not None else None
     if why is not None:
@@ -118,10 +120,10 @@ def refuse_writes_into_a_sweep(option: str, target: str | None, *, whole_folder:
 def store_problems(store):
     """(status, trial_id -> "damaged" | "incomplete", one line per problem): every damaged file,
     and every done trial whose rows do not cover its steps (what `sweep run` re-runs)."""
-    from sweep.store import DamagedFile, _trial_of
+    from resultstore.layout import DamagedFile, trial_of
 
     st = store.status()
-    damage = {_trial_of(name): "damaged" for _, name, _ in st.damaged}
+    damage = {trial_of(name): "damaged" for _, name, _ in st.damaged}
     lines = [f"{store.uri}/{table}/{name}: damaged Parquet file ({why})" for table, name, why in st.damaged]
     if not st.damaged:  # a damaged file would be named twice
         try:
@@ -141,7 +143,7 @@ def stored_runs(store):
     if not store.exists():
         import polars as pl
 
-        from analysis.schema import SCHEMAS
+        from resultstore.schema import SCHEMAS
 
         return pl.DataFrame(schema=SCHEMAS["runs"]), {}
     st, damage, lines = store_problems(store)
@@ -154,10 +156,9 @@ def stored_runs(store):
 
 def refuse_damage(folder: str, verb: str) -> None:
     """Exit 2 naming every problem of store_problems: `verb` would read incomplete data as whole."""
-    from analysis import storage
-    from sweep.store import ResultsStore
+    from resultstore.writer import ResultsStore
 
-    store = ResultsStore(storage.parent(folder), storage.name(folder))
+    store = ResultsStore.at(folder)
     lines = store_problems(store)[2]
     if lines:
         raise bad_input(f"{verb}: {len(lines)} problem(s) in {store.uri}; {REPAIR}:\n" + "\n".join("  " + l for l in lines))
@@ -175,7 +176,7 @@ def plan(
                                                        "GPU name); default: cpu, or NVIDIA H200 for GPU specs.")] = None,
 ) -> None:
     """List the grid: trial ids, shapes, parameters, tokens, FLOPs, estimated time, done or not."""
-    from analysis.schema import FINISHED
+    from resultstore.schema import FINISHED
     from sweep.estimate import estimate, measured_flops_per_s
     from sweep.spec import unprepared
 
@@ -234,7 +235,7 @@ def run(
     """Run every trial of the spec not yet complete in the store."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from analysis import storage
+    from resultstore.uri import StorageError
     from sweep.launch import run_sweep
     from sweep.spec import SpecError, line_in
 
@@ -242,7 +243,7 @@ def run(
     if dry_run:
         plan(spec_path, results)
         return
-    open_store(results, spec.name)  # exit 2 before Ray starts when the store is unreachable
+    store = open_store(results, spec.name)  # exit 2 before Ray starts when the store is unreachable
     if tracker is not None:  # a missing extra or an unreachable tracker: exit 2 before anything trains
         from sweep import tracking
 
@@ -250,13 +251,11 @@ def run(
             tracker_uri = tracking.check(tracker, tracker_uri)
         except tracking.TrackerError as exc:
             raise bad_input(str(exc)) from None
-    folder = storage.join(storage.normalize(results), spec.name)
+    folder = store.uri
 
     def on_start(todo):
         skipped = len(trials) - len(todo)
-        from sweep.store import ResultsStore
-
-        statuses, running = ResultsStore(results, spec.name).statuses(), {t.trial_id for t in todo}
+        statuses, running = store.statuses(), {t.trial_id for t in todo}
         diverged = [t.trial_id for t in trials if statuses.get(t.trial_id) == "diverged" and t.trial_id not in running]
         note = (f" ({len(diverged)} of them diverged: {', '.join(diverged[:5])}{' ...' if len(diverged) > 5 else ''};"
                 " `sweep status` shows where)") if diverged else ""
@@ -273,9 +272,9 @@ def run(
                         TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=out)
     try:
         with progress:
-            outcome = run_sweep(spec, trials, results, address=address, max_concurrent=max_concurrent,
+            outcome = run_sweep(spec, trials, store, address=address, max_concurrent=max_concurrent,
                                 on_start=on_start)
-    except (SpecError, storage.StorageError) as exc:
+    except (SpecError, StorageError) as exc:
         loc = getattr(exc, "loc", None)  # a resource no node has: point at the spec's line
         line = line_in(spec_path, loc) if loc else None
         raise bad_input(f"{spec_path}: {exc}" + (f" (line {line})" if line else "") if loc else str(exc)) from None
@@ -301,10 +300,10 @@ def status(
 ) -> None:
     """Counts of done / failed / diverged / started trials, each failure's error line, damaged files.
     Exit 0 when every started trial is done, 1 otherwise, 2 when a file is damaged."""
-    from analysis import storage
-    from sweep.store import ResultsStore, SweepLock
+    from resultstore.lock import SweepLock
+    from resultstore.writer import ResultsStore
     folder = sweep_folder(results)
-    store = ResultsStore(storage.parent(folder), storage.name(folder))
+    store = ResultsStore.at(folder)
     st = store.status(verify=verify)
     runs = st.runs
     table = Table(title=f"{q(store.sweep)}: {runs.height} trials with a result")
@@ -365,7 +364,7 @@ def train_one(
     """Run one trial in-process, without Ray (debugging, benchmarks); writes the store."""
     from sweep.grid import select
     from sweep.spec import SpecError
-    from sweep.store import StoreSink
+    from resultstore.writer import StoreSink
     from sweep.trainable import train_trial
 
     spec, trials = load(spec_path)
@@ -438,8 +437,8 @@ def query(
 
     import polars as pl
 
-    from analysis import storage
-    from analysis.load import load as load_results
+    from resultstore import uri as storage
+    from resultstore.reader import load as load_results
     from analysis.queries import sql as run_sql
 
     if out_file is not None and not out_file.endswith((".csv", ".parquet")):
@@ -566,11 +565,10 @@ def probe_sae(
         raise bad_input("--cpus must be > 0 and --gpus >= 0")
     store = open_store(*folder.rstrip("/").rsplit("/", 1))
     try:
-        plan = plan_probe(folder, where=where, layers=layer_list, tokens=tokens,
+        plan = plan_probe(store, where=where, layers=layer_list, tokens=tokens,
                           sae_optimizers=tuple(o.strip() for o in sae_optimizers.split(",")), sae_json=sae_json)
     except ProbeInputError as exc:
         raise bad_input(str(exc)) from None
-    del store
     units = sum(len(t.sae_optimizers) for t in plan.tasks)
     out.print(f"{plan.trials} trials: {units} (trial, layer, SAE optimiser) to train, {plan.done} already done",
               highlight=False)

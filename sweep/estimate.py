@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from analysis.schema import FINISHED
+from resultstore.schema import FINISHED
 from study.config import TrialConfig
 from study.device import peak_flops
 

@@ -10,11 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal
 
-from analysis import storage
-from analysis.schema import UNSUCCESSFUL, Status
+from resultstore import uri
+from resultstore.lock import SweepLock
+from resultstore.schema import UNSUCCESSFUL, Status
+from resultstore.writer import ResultsStore
 from study.config import TrialConfig
 from sweep.spec import SpecError, SweepSpec
-from sweep.store import ResultsStore, SweepLock
 
 
 @dataclass(frozen=True)
@@ -37,11 +38,6 @@ class SweepOutcome:
     def missing(self) -> list[str]:
         """Launched trials with no runs row at all (killed before they could write one)."""
         return [t for t, s in self.statuses.items() if s == "missing"]
-
-
-def resolve_results(results: str | Path) -> str:
-    """Absolute local path (trials chdir into Ray's folders) or a URI unchanged."""
-    return storage.normalize(results)
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -68,7 +64,7 @@ def _init_ray(address: str | None, num_cpus: int | None):
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     address = address or os.environ.get("RAY_ADDRESS")
     # The job (not the cluster) forwards a custom S3 endpoint to its workers; never credentials.
-    env = storage.env_for_workers()
+    env = uri.env_for_workers()
     runtime_env = {"env_vars": env} if env else None
     if address:  # joining: the cluster's own settings stay as they are
         host = address.removeprefix("ray://").rsplit(":", 1)[0].strip("[]")
@@ -204,19 +200,21 @@ def _bounded_concurrency(ray, demands: dict[str, dict[str, float]], max_concurre
 def run_sweep(
     spec: SweepSpec,
     trials: list[TrialConfig],
-    results: str | Path,
+    store: ResultsStore | str | Path,
     *,
     address: str | None = None,
     max_concurrent: int | None = None,
     num_cpus: int | None = None,
     on_start: Callable[[list[TrialConfig]], list | None] | None = None,
 ) -> SweepOutcome:
-    """Run every trial of `trials` not yet complete in the store, on a local or remote Ray.
+    """Run every trial of `trials` not yet complete in `store`, on a local or remote Ray.
+    `store`: the sweep's ResultsStore, opened and checked writable by the caller (`sweep run`
+    does it once, at the CLI); a results root path or URI instead is opened and checked here.
     `on_start(todo)` sees the trials about to run and may return Ray Tune callbacks."""
     t0 = time.perf_counter()
-    results = resolve_results(results)
-    store = ResultsStore(results, spec.name)
-    store.check_writable()  # unreachable endpoint, missing bucket, bad credentials: before Ray starts
+    if not isinstance(store, ResultsStore):
+        store = ResultsStore(store, spec.name)
+        store.check_writable()  # unreachable endpoint, missing bucket, bad credentials: before Ray starts
     if not store.local and (spec.resources.workers > 1 or any(o.workers > 1 for o in spec.resources.by_size)):
         error = SpecError(f"resources.workers: multi-worker trials write and resume through a results folder "
                           f"every node can read (a local or shared file system), not {store.uri}")
@@ -228,12 +226,12 @@ def run_sweep(
         notes = ([warning] if warning else []) + store.quarantine() + store.quarantine_incomplete()
         for note in notes:
             print(f"warning: {note}", file=sys.stderr)
-        return _run_locked(spec, trials, results, store, address, max_concurrent, num_cpus, on_start, t0, notes)
+        return _run_locked(spec, trials, store, address, max_concurrent, num_cpus, on_start, t0, notes)
     finally:
         lock.release()
 
 
-def _run_locked(spec, trials, results, store, address, max_concurrent, num_cpus, on_start, t0, notes) -> SweepOutcome:
+def _run_locked(spec, trials, store, address, max_concurrent, num_cpus, on_start, t0, notes) -> SweepOutcome:
     done = store.completed_ids()
     # Largest first: the long trials start early and the small ones fill the gaps at the end.
     todo = sorted((t for t in trials if t.trial_id not in done), key=lambda t: -t.flops_per_token * t.total_tokens)
@@ -263,7 +261,7 @@ def _run_locked(spec, trials, results, store, address, max_concurrent, num_cpus,
     max_concurrent = _bounded_concurrency(ray, demands, max_concurrent)
 
     param_space = {
-        "results": results,
+        "results": store.root,  # each worker opens its own store from it
         "cwd": os.getcwd(),  # relative paths in the spec (data.text, data.tokens) mean what they meant here
         "point": tune.grid_search([
             {"trial": t.model_dump_json(), "trial_id": t.trial_id, "resources": demands[t.trial_id]}

@@ -1,6 +1,6 @@
 """`sweep probe sae`: TopK SAEs on finished trials' residual streams, as Ray tasks.
 
-    plan_probe(sweep_uri, ...)  -> ProbePlan   checks everything, reads only the store; no Ray
+    plan_probe(store, ...)      -> ProbePlan   checks everything, reads only the store; no Ray
     run_probe(plan, ...)        -> ProbeOutcome  one Ray task per (trial, layer) still to do
 
 For each selected done trial (its final weights in trials/<id>/final.pt), each chosen layer and
@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from sweep.store import FINAL_WEIGHTS, ResultsStore
+from resultstore.layout import FINAL_WEIGHTS
+from resultstore.writer import ResultsStore
 
 __all__ = ["ProbeInputError", "RayUnavailable", "ProbeOutcome", "ProbePlan", "ProbeTask", "plan_probe", "probe_task", "run_probe"]
 
@@ -70,15 +71,12 @@ class ProbeOutcome:
     wall_s: float
 
 
-def _store(uri: str) -> ResultsStore:
-    root, name = uri.rstrip("/").rsplit("/", 1)
-    return ResultsStore(root, name)
-
-
-def plan_probe(uri: str, *, where: str | None = None, layers: list[int] | None = None, tokens: int = 16384,
+def plan_probe(store: ResultsStore | str, *, where: str | None = None, layers: list[int] | None = None, tokens: int = 16384,
                sae_optimizers: tuple[str, ...] = ("adam", "sgd"), sae_json: str | None = None) -> ProbePlan:
-    """What `sweep probe sae` will do, or ProbeInputError naming the first problem. `layers` None:
-    each trial's middle and last layer. Reads the store's runs and sae tables, nothing else."""
+    """What `sweep probe sae` will do, or ProbeInputError naming the first problem. `store`: the
+    sweep's ResultsStore (`sweep probe sae` opens it once, at the CLI) or its folder's path or
+    URI. `layers` None: each trial's middle and last layer. Reads the store's runs and sae
+    tables, nothing else."""
     from study.config import TrialConfig
     from study.sae import SAE_OPTIMIZERS, SAEConfig
 
@@ -88,7 +86,9 @@ def plan_probe(uri: str, *, where: str | None = None, layers: list[int] | None =
     bad = [o for o in sae_optimizers if o not in SAE_OPTIMIZERS]
     if bad or not sae_optimizers:
         raise ProbeInputError(f"--sae-optimizers: {', '.join(bad) or 'none given'}: choose from {', '.join(SAE_OPTIMIZERS)}")
-    store = _store(uri)
+    if not isinstance(store, ResultsStore):
+        store = ResultsStore.at(store)
+    uri = store.uri
     runs = store.read("runs").filter(pl.col("status") == "done")
     if where:
         try:
@@ -141,7 +141,7 @@ def probe_task(uri: str, task: ProbeTask, tokens: int, sae_json: str, threads: i
     from study.sae import SAEConfig, probe_layer
 
     torch.set_num_threads(max(1, threads))
-    store = _store(uri)
+    store = ResultsStore.at(uri)
     cfg = TrialConfig.model_validate_json(task.config_json)
     check_corpus(cfg.data)  # this process's view of the corpus the trial trained on
     state = torch.load(io.BytesIO(store.read_final_weights(task.trial_id)), map_location="cpu", weights_only=False)

@@ -17,10 +17,10 @@ from pathlib import Path
 
 from ray import tune
 
+from resultstore.writer import ResultsStore, StoreSink
 from study.config import TrialConfig
 from study.data import check_corpus
 from study.train import RunSummary, run_row, train
-from sweep.store import ResultsStore, StoreSink
 
 
 def node_label() -> str:

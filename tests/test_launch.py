@@ -5,10 +5,10 @@ import pytest
 import ray
 from conftest import kill_own_worker
 
+from resultstore.writer import ResultsStore
 from sweep.grid import expand
 from sweep.launch import run_sweep
 from sweep.spec import SpecError, parse_spec
-from sweep.store import ResultsStore
 from sweep.trainable import train_trial
 
 SPEC = {

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from resultstore.lock import LockHeld, SweepLock
+from resultstore.writer import ResultsStore
 from sweep.cli import app
-from sweep.store import LockHeld, ResultsStore, SweepLock
 
 SMOKE = Path(__file__).parent.parent / "specs" / "smoke.yaml"
 runner = CliRunner()

@@ -12,11 +12,11 @@ from typer.testing import CliRunner
 
 from analysis import storage
 from analysis.load import load
+from resultstore.writer import ResultsStore
 from study.config import TrialConfig
 from study.train import train
 from sweep.cli import app
 from sweep.probe import plan_probe
-from sweep.store import ResultsStore
 
 TRIAL = {"model": {"d_model": 16, "n_layers": 2, "n_heads": 2}, "norm": "rmsnorm_scalar",
          "data": {"seq_len": 16}, "train": {"steps": 8, "batch_size": 4, "eval_every": 4, "eval_batch": {"sequences": 2}},

@@ -5,10 +5,10 @@ import polars as pl
 import pyarrow as pa
 
 from analysis.load import RUNS_SCHEMA as LOAD_RUNS
-from analysis.schema import ARROW, SCHEMAS, TABLES
+from resultstore.schema import ARROW, SCHEMAS, TABLES
+from resultstore.writer import ResultsStore
 from study.config import TrialConfig
 from study.train import RunSummary, run_row
-from sweep.store import ResultsStore
 
 BASE = {
     "model": {"d_model": 16, "n_layers": 2, "n_heads": 2},

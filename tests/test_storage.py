@@ -12,8 +12,8 @@ import pytest
 from conftest import S3_ENV, free_port, kill_own_worker, start_moto
 from typer.testing import CliRunner
 
-from analysis import storage
 from analysis.load import load
+from resultstore import uri as storage
 from sweep.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -172,10 +172,10 @@ def test_a_killed_worker_resumes_from_its_tune_checkpoint_on_s3(s3, tmp_path):
     """The remote path of sweep/trainable.py: no trial folder; the retry restores Tune's checkpoint
     from the bucket and goes on from its step. Every row once, equal to an uninterrupted run."""
     import ray
+    from resultstore.writer import ResultsStore
     from sweep.grid import expand
     from sweep.launch import run_sweep
     from sweep.spec import parse_spec
-    from sweep.store import ResultsStore
     from sweep.trainable import train_trial
 
     spec = parse_spec({"name": "kill", "data": {"seq_len": 16},

@@ -1,7 +1,7 @@
 import polars as pl
 
-from analysis.schema import ARROW
-from sweep.store import ResultsStore
+from resultstore.schema import ARROW
+from resultstore.writer import ResultsStore
 
 
 def metric_rows(steps):

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 import analysis
 from analysis.load import DamagedFileError
+from resultstore.writer import ResultsStore
 from sweep.cli import app
-from sweep.store import ResultsStore
 
 SMOKE = Path(__file__).parent.parent / "specs" / "smoke.yaml"
 runner = CliRunner()

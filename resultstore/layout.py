@@ -1,0 +1,168 @@
+"""Where a sweep's files are, and which files are its tables' rows.
+
+    <root>/<sweep>/runs/<trial_id>.parquet                    one row, written last
+    <root>/<sweep>/metrics/<trial_id>.<first>-<last>.parquet  long format, one part per flush
+    <root>/<sweep>/curves/<trial_id>.<first>-<last>.parquet
+    <root>/<sweep>/checks/<trial_id>.parquet
+    <root>/<sweep>/dims/<trial_id>.<first>-<last>.parquet     outlier-dimension attribution, like metrics
+    <root>/<sweep>/sae/<trial_id>.L<layer>.<sae optimiser>.parquet  `sweep probe sae` rows
+    <root>/<sweep>/trials/<trial_id>/config.json, checkpoint.pt (local stores)
+    <root>/<sweep>/trials/<trial_id>/final.pt                 a done trial's weights (any store)
+    <root>/<sweep>/run.lock                                   the one writer (resultstore.lock)
+    <root>/<sweep>/quarantine/<table>/<file>                  damaged files, moved aside
+
+The one listing rule (`table_files`), for the writer and the reader alike: a table's rows are
+every ``*.parquet`` file under its folder, sub-folders included, except those with a path part
+starting with ``.`` or ``_``. The writer writes each file flat in its table's folder under a
+name starting with a trial id (hex), through a temporary ``.tmp-*`` name; so every file it
+writes is read, no file it is still writing is, and a folder laid out for plain
+``pl.scan_parquet`` globs (``metrics/trial=abc/part.parquet``) reads the same.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from resultstore import uri
+from resultstore.schema import TABLES
+from resultstore.uri import StorageError, first_line
+
+__all__ = [
+    "FINAL_WEIGHTS",
+    "LOCK_FILE",
+    "PART",
+    "STORE_FOLDERS",
+    "DamagedFile",
+    "NoSweepError",
+    "find_sweep",
+    "footer_error",
+    "is_sweep_folder",
+    "table_files",
+    "trial_of",
+    "writes_into_a_sweep",
+]
+
+FINAL_WEIGHTS = "final.pt"
+LOCK_FILE = "run.lock"
+PART = re.compile(r"^(?P<trial>.+)\.(?P<first>\d+)-(?P<last>\d+)\.parquet$")
+"""A flushed part's name: <trial_id>.<first step>-<last step>.parquet."""
+STORE_FOLDERS = (*TABLES, "quarantine", "trials", "ray")
+"""A sweep folder's sub-folders that only the store's writer (`sweep run`, `sweep train`) writes."""
+
+
+class NoSweepError(ValueError):
+    """The path holds no sweep (or several, and it is unclear which one was meant)."""
+
+
+class DamagedFile(StorageError):
+    """A Parquet file of the store cannot be read (one line, naming the file)."""
+
+    @classmethod
+    def at(cls, where: str, reason: str) -> DamagedFile:
+        """The error for the file at `where` (path or URI), unreadable for `reason`."""
+        return cls(f"{where}: damaged Parquet file ({reason}); "
+                   "`sweep run` moves it to quarantine/ and re-runs its trial")
+
+
+def table_files(fs: Any, folder: str) -> list[str]:
+    """The files holding a table's rows: paths relative to ``folder``, sorted (the listing rule
+    above). A missing folder holds none."""
+    import pyarrow.fs as pafs
+
+    out = []
+    for info in fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True, recursive=True)):
+        if info.type != pafs.FileType.File or not info.base_name.endswith(".parquet"):
+            continue
+        rel = info.path[len(folder):].strip("/")
+        if not any(part.startswith((".", "_")) for part in rel.split("/")):
+            out.append(rel)
+    return sorted(out)
+
+
+def footer_error(fs: Any, path: str) -> str | None:
+    """Why the Parquet file at ``path`` cannot be opened (its footer), or None when it can."""
+    import pyarrow.parquet as pq
+
+    try:
+        with fs.open_input_file(path) as f:
+            pq.ParquetFile(f).schema_arrow
+    except Exception as exc:  # pyarrow raises OSError / ArrowInvalid for a bad footer
+        return first_line(exc)
+    return None
+
+
+def trial_of(name: str) -> str:
+    """The trial a table file belongs to, from its name."""
+    m = PART.match(name)
+    return m["trial"] if m else name.removesuffix(".parquet")
+
+
+def is_sweep_folder(fs: Any, folder: str) -> bool:
+    """Does ``folder`` hold at least one table folder?"""
+    import pyarrow.fs as pafs
+
+    infos = fs.get_file_info([f"{folder}/{t}" for t in TABLES])
+    return any(i.type == pafs.FileType.Directory for i in infos)
+
+
+def find_sweep(fs: Any, root: str, display: str) -> str:
+    """The sweep folder at ``root`` (a path within ``fs``): itself, or the one sweep inside it.
+    NoSweepError, naming ``display``, when it holds none or several."""
+    import pyarrow.fs as pafs
+
+    expected = (
+        "expected a sweep folder holding runs/, metrics/, curves/ or checks/ Parquet folders, "
+        "or a results folder holding exactly one such sweep folder"
+    )
+    kind = fs.get_file_info(root).type
+    if kind == pafs.FileType.NotFound:
+        raise NoSweepError(f"{display}: no such folder ({expected})")
+    if kind != pafs.FileType.Directory:
+        raise NoSweepError(f"{display}: not a folder ({expected})")
+    if is_sweep_folder(fs, root):
+        return root
+    children = sorted(
+        i.path
+        for i in fs.get_file_info(pafs.FileSelector(root))
+        if i.type == pafs.FileType.Directory and not i.base_name.startswith((".", "_"))
+    )
+    sweeps = [c for c in children if is_sweep_folder(fs, c)]
+    if len(sweeps) == 1:
+        return sweeps[0]
+    if sweeps:
+        names = ", ".join(s.rsplit("/", 1)[-1] for s in sweeps)
+        raise NoSweepError(
+            f"{display}: holds {len(sweeps)} sweeps ({names}); pass one of them, "
+            f"e.g. {display.rstrip('/')}/{sweeps[0].rsplit('/', 1)[-1]}"
+        )
+    raise NoSweepError(f"{display}: no sweep found ({expected})")
+
+
+def writes_into_a_sweep(target: Any, *, whole_folder: bool = False) -> str | None:
+    """Why writing `target` (an output file or folder, path or URI) would write inside a sweep's
+    tables, or None when it would not. `whole_folder`: `target` is a folder the writer may
+    replace (`data prepare --force`), so it must not be a sweep folder or hold one either."""
+    import pyarrow.fs as pafs
+
+    try:
+        fs, path = uri.filesystem(uri.normalize(target))
+    except (OSError, ValueError):
+        return None  # unreachable: the writer's own error says so
+    parts = path.rstrip("/").split("/")
+    for i in range(len(parts) - 1, 0, -1):
+        folder, sub = "/".join(parts[:i]), parts[i]
+        if (sub in STORE_FOLDERS or sub == LOCK_FILE) and folder and is_sweep_folder(fs, folder):
+            return f"it is inside {folder}/{sub}/, a sweep's own folder that only `sweep run` writes"
+    if whole_folder:
+        here = path.rstrip("/") or "/"
+        if is_sweep_folder(fs, here):
+            return f"it is a sweep's folder ({here}); choose a new folder"
+        try:
+            children = fs.get_file_info(pafs.FileSelector(here, allow_not_found=True))
+        except OSError:
+            return None
+        held = [c.path for c in children if c.type == pafs.FileType.Directory and is_sweep_folder(fs, c.path)]
+        if held:
+            return f"it holds a sweep ({held[0]}); choose a new folder"
+    return None

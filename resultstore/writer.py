@@ -1,0 +1,387 @@
+"""The writer's side of the store: `ResultsStore`, one sweep's folder of Parquet tables, and
+`StoreSink`, study.train's sink writing one trial into it, exactly once.
+
+`sweep run` and `sweep train` write through them, and read through it what a writer must know
+(the finished trials, damaged files, rows missing). The layout is in `resultstore.layout`, the
+columns in `resultstore.schema`, the one-writer lock in `resultstore.lock`.
+
+One writer per sweep: `sweep run` holds run.lock (host, pid, start, lease expiry, refreshed by
+a heartbeat); a second run refuses with LockHeld. Every Parquet file read is verified (footer
+and schema); a damaged one raises DamagedFile naming it, and `sweep run` moves it (with its
+trial's runs row and checkpoint) to quarantine/ so the trial runs again. Nothing is deleted.
+
+Exactly once: a trial's rows are flushed as parts named by their step range just before each
+checkpoint; a (re)start deletes the parts after the step it resumes from, so after any crash,
+retry or resume no row is missing or doubled. Every file is written to a temporary name and
+then moved into place. Local paths and s3:// or gs:// URIs go through pyarrow filesystems.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from resultstore import uri
+from resultstore.layout import FINAL_WEIGHTS, PART, DamagedFile, table_files, trial_of
+from resultstore.lock import SweepLock
+from resultstore.schema import ARROW, FINISHED, SCHEMAS, TABLES
+from resultstore.uri import StorageError, first_line
+
+__all__ = ["ResultsStore", "StoreSink", "StoreStatus"]
+
+
+def _to_table(name: str, rows: list[dict]) -> pa.Table:
+    schema = ARROW[name]
+    return pa.Table.from_pylist([{k: r.get(k) for k in schema.names} for r in rows], schema=schema)
+
+
+class ResultsStore:
+    """One sweep's folder of Parquet tables (local path or s3:// / gs:// URI)."""
+
+    def __init__(self, root: str | Path, sweep: str):
+        self.root = uri.normalize(root)
+        """The results root (absolute path or URI): what a worker builds its own store from."""
+        self.uri = uri.join(self.root, sweep)
+        self.sweep = sweep
+        self.local = not uri.is_remote(self.uri)
+        self.fs, self.path = uri.filesystem(self.uri)
+
+    @classmethod
+    def at(cls, folder: str | Path) -> ResultsStore:
+        """The store of the sweep folder (path or URI) `folder`."""
+        text = str(folder)
+        return cls(uri.parent(text), uri.name(text))
+
+    def check_writable(self) -> None:
+        """StorageError (one line) when the store cannot be reached or written; writes nothing."""
+        uri.check_writable(self.uri)
+        if self.local:  # the first existing ancestor must be a writable folder
+            path = Path(self.path)
+            while not path.exists() and path != path.parent:
+                path = path.parent
+            if not path.is_dir():
+                raise StorageError(f"{self.path}: {path} is a file, not a folder")
+            if not os.access(path, os.W_OK | os.X_OK):
+                raise StorageError(f"{self.path}: {path} is not writable")
+
+    # -- low-level ----------------------------------------------------------------------
+
+    def _write_atomic(self, rel: str, table: pa.Table) -> None:
+        final = f"{self.path}/{rel}"
+        parent = final.rsplit("/", 1)[0]
+        self.fs.create_dir(parent, recursive=True)
+        tmp = f"{parent}/.tmp-{uuid.uuid4().hex}.parquet"
+        buf = io.BytesIO()
+        pq.write_table(table, buf)
+        with self.fs.open_output_stream(tmp) as out:
+            out.write(buf.getvalue())
+        self.fs.move(tmp, final)
+
+    def _list(self, table: str) -> list[str]:
+        return table_files(self.fs, f"{self.path}/{table}")
+
+    def exists(self) -> bool:
+        return self.fs.get_file_info(self.path).type == pafs.FileType.Directory
+
+    # -- writing ------------------------------------------------------------------------
+
+    def write_run(self, row: dict) -> None:
+        self._write_atomic(f"runs/{row['trial_id']}.parquet", _to_table("runs", [row]))
+
+    def write_checks(self, trial_id: str, rows: list[dict]) -> None:
+        rows = [{"trial_id": trial_id, **r} for r in rows]
+        self._write_atomic(f"checks/{trial_id}.parquet", _to_table("checks", rows))
+
+    def write_part(self, table: str, trial_id: str, rows: list[dict]) -> None:
+        """One flushed slice of a trial's metrics, curves or dims, named by its step range."""
+        if not rows:
+            return
+        steps = [r["step"] for r in rows]
+        rows = [{"trial_id": trial_id, **r} for r in rows]
+        self._write_atomic(f"{table}/{trial_id}.{min(steps):09d}-{max(steps):09d}.parquet",
+                           _to_table(table, rows))
+
+    def write_final_weights(self, trial_id: str, data: bytes) -> None:
+        """A done trial's torch-saved final weights, atomically, local or remote."""
+        self._write_bytes(f"trials/{trial_id}/{FINAL_WEIGHTS}", data)
+
+    def read_final_weights(self, trial_id: str) -> bytes:
+        with self.fs.open_input_stream(f"{self.path}/trials/{trial_id}/{FINAL_WEIGHTS}") as f:
+            return f.read()
+
+    def has_final_weights(self) -> set[str]:
+        """Trials whose final weights are stored."""
+        listing = self.fs.get_file_info(pafs.FileSelector(f"{self.path}/trials", allow_not_found=True, recursive=True))
+        return {i.path.rsplit("/", 2)[-2] for i in listing
+                if i.type == pafs.FileType.File and i.base_name == FINAL_WEIGHTS}
+
+    def write_sae(self, trial_id: str, layer: int, sae_optimizer: str, rows: list[dict]) -> None:
+        """One (trial, layer, SAE optimiser)'s rows (both bases), atomically: a re-write replaces it."""
+        self._write_atomic(f"sae/{trial_id}.L{layer}.{sae_optimizer}.parquet", _to_table("sae", rows))
+
+    def _write_bytes(self, rel: str, data: bytes) -> None:
+        final = f"{self.path}/{rel}"
+        parent = final.rsplit("/", 1)[0]
+        self.fs.create_dir(parent, recursive=True)
+        tmp = f"{parent}/.tmp-{uuid.uuid4().hex}"
+        with self.fs.open_output_stream(tmp) as out:
+            out.write(data)
+        self.fs.move(tmp, final)
+
+    def discard(self, trial_id: str, after_step: int | None) -> None:
+        """Delete a trial's parts with rows after `after_step` (all of them when None), its checks
+        and its runs row: the state a (re)start from that step must see."""
+        for table in ("metrics", "curves", "dims"):
+            for name in self._list(table):
+                m = PART.match(name)
+                if m and m["trial"] == trial_id and (after_step is None or int(m["last"]) > after_step):
+                    self.fs.delete_file(f"{self.path}/{table}/{name}")
+        for table in ("checks", "runs"):
+            path = f"{self.path}/{table}/{trial_id}.parquet"
+            if self.fs.get_file_info(path).type == pafs.FileType.File:
+                self.fs.delete_file(path)
+
+    def trial_dir(self, trial_id: str) -> Path | None:
+        """Local folder for a trial's config and checkpoints (None for remote stores)."""
+        return Path(self.path) / "trials" / trial_id if self.local else None
+
+    def sink(self, trial_id: str) -> StoreSink:
+        return StoreSink(self, trial_id)
+
+    # -- reading ------------------------------------------------------------------------
+
+    def _read_file(self, table: str, name: str, columns: list[str] | None = None) -> pa.Table:
+        path = f"{self.path}/{table}/{name}"
+        try:
+            return pq.read_table(path, filesystem=self.fs, schema=ARROW[table], columns=columns)
+        except (OSError, pa.ArrowException) as exc:
+            raise DamagedFile.at(f"{self.uri}/{table}/{name}", first_line(exc)) from None
+
+    def read(self, table: str, columns: list[str] | None = None) -> pl.DataFrame:
+        """The whole table (or those columns); DamagedFile names the first file that cannot be read."""
+        names = self._list(table)
+        if not names:  # not from_arrow: that imports pandas, 0.15 s of `sweep plan`
+            return pl.DataFrame(schema={k: v for k, v in SCHEMAS[table].items() if columns is None or k in columns})
+        return pl.from_arrow(pa.concat_tables([self._read_file(table, n, columns) for n in names]))
+
+    def statuses(self) -> dict[str, str]:
+        """trial_id -> status for every trial with a runs row."""
+        runs = self.read("runs")
+        return dict(zip(runs["trial_id"].to_list(), runs["status"].to_list()))
+
+    def completed_ids(self) -> set[str]:
+        """Trials that need no more work: done or diverged (failed ones are retried)."""
+        return {t for t, s in self.statuses().items() if s in FINISHED}
+
+    def damaged(self) -> list[tuple[str, str, str]]:
+        """(table, file name, reason) for every file whose footer or schema is unreadable or does
+        not match the contract. Reads footers only."""
+        bad = []
+        for table in TABLES:
+            want = ARROW[table]
+            for name in self._list(table):
+                try:
+                    with self.fs.open_input_file(f"{self.path}/{table}/{name}") as f:
+                        footer = pq.ParquetFile(f)
+                        schema = footer.schema_arrow
+                    if table == "runs" and footer.metadata.num_rows != 1:  # e.g. a copy of the table put there
+                        raise ValueError(f"holds {footer.metadata.num_rows} rows; a runs file holds its trial's one "
+                                         "row, written by `sweep run`")
+                    missing = [c for c in ("trial_id",) if c not in schema.names]
+                    clash = [c for c in schema.names if c in want.names and schema.field(c).type != want.field(c).type
+                             and not pa.types.is_null(schema.field(c).type)]
+                    if missing or clash:
+                        raise ValueError(f"schema: missing {missing} / wrong type {clash}")
+                except (OSError, ValueError, pa.ArrowException) as exc:
+                    bad.append((table, name, first_line(exc)))
+        return bad
+
+    def quarantine(self) -> list[str]:
+        """Move every damaged file to quarantine/, with its trial's runs row and checkpoint, so
+        the trial is incomplete and runs again from the start. Returns one line per file moved."""
+        moved = []
+        for table, name, reason in self.damaged():
+            trial = trial_of(name)
+            self._move_aside(f"{table}/{name}")
+            moved.append(f"{self.uri}/{table}/{name}: damaged ({reason}); moved to "
+                         f"{self.uri}/quarantine/{table}/ and trial {trial} will run again")
+            if table != "runs" and self.fs.get_file_info(f"{self.path}/runs/{trial}.parquet").type == pafs.FileType.File:
+                self._move_aside(f"runs/{trial}.parquet")
+            trial_dir = self.trial_dir(trial)
+            if trial_dir is not None and (trial_dir / "checkpoint.pt").exists():
+                self._move_aside(f"trials/{trial}/checkpoint.pt")
+        return moved
+
+    def _move_aside(self, rel: str) -> None:
+        target = f"{self.path}/quarantine/{rel}"
+        if self.fs.get_file_info(target).type != pafs.FileType.NotFound:  # never overwrite an earlier one
+            target = f"{target}.{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        self.fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
+        self.fs.move(f"{self.path}/{rel}", target)
+
+    def started_ids(self) -> set[str]:
+        """Trials that began (a local trial folder exists) — with or without a runs row."""
+        listing = self.fs.get_file_info(pafs.FileSelector(f"{self.path}/trials", allow_not_found=True))
+        return {i.base_name for i in listing if i.type == pafs.FileType.Directory}
+
+    def status(self, verify: bool = False) -> StoreStatus:
+        """What `sweep status` shows: the runs, trials started with no result, the lock's holder,
+        and (with verify, or when the runs table is unreadable) the damaged files and rows missing."""
+        damaged = self.damaged()
+        runs = self.read("runs") if not any(t == "runs" for t, _, _ in damaged) else _readable(self, "runs")
+        unfinished = sorted(self.started_ids() - set(runs["trial_id"].to_list()))
+        gaps = self.row_gaps(runs) if verify and not damaged else []  # a damaged file is named once, above
+        return StoreStatus(runs, unfinished, damaged, SweepLock(self).holder(), gaps)
+
+    def row_gaps(self, runs: pl.DataFrame) -> list[str]:
+        """For each finished trial: every eval step up to its last has metrics rows, every step has
+        a curves row, and each eval step has as many metrics rows as the first one."""
+        try:
+            return [f"{t}: {why}" for t, whys in self.gaps_by_trial(runs).items() for why in whys]
+        except DamagedFile as exc:
+            return [str(exc)]
+
+    def gaps_by_trial(self, runs: pl.DataFrame) -> dict[str, list[str]]:
+        """trial_id -> what its rows miss, for each done trial whose rows do not cover its steps
+        (see row_gaps). Reads only the trial_id and step columns; DamagedFile when a file is."""
+        gaps: dict[str, list[str]] = {}
+        done = runs.filter(pl.col("status") == "done")
+        if done.height == 0:
+            return gaps
+        metrics = self.read("metrics", ["trial_id", "step"]).group_by("trial_id", "step").len().sort("trial_id", "step")
+        curves = self.read("curves", ["trial_id", "step"]).unique()
+        by_trial = {k[0]: v for k, v in metrics.partition_by("trial_id", as_dict=True).items()}  # one pass, not one per trial
+        curve_steps = {k[0]: set(v["step"].to_list()) for k, v in curves.partition_by("trial_id", as_dict=True).items()}
+        empty = metrics.clear()
+        for row in done.iter_rows(named=True):
+            t, steps, why = row["trial_id"], row["steps"] or 0, []
+            m = by_trial.get(t, empty)
+            if m.height == 0:
+                why.append("no metrics rows")
+            else:
+                # Every eval has the rows of the first (the final one may add end-of-run metrics).
+                short = m.filter(pl.col("len") < m["len"][0])["step"].to_list()
+                if short:
+                    why.append(f"metrics rows short at steps {short[:8]} (expected {m['len'][0]} per eval)")
+                found = m["step"].to_list()
+                every = min((b - a for a, b in zip(found, found[1:])), default=steps or 1)
+                missing = sorted(set(range(found[0], steps + 1, every)) - set(found))
+                if missing or found[-1] != steps:
+                    why.append(f"no metrics rows at eval steps {(missing or [steps])[:8]}")
+            have = curve_steps.get(t, set())
+            lost = sorted(set(range(1, steps + 1)) - have)
+            if lost:
+                why.append(f"curves miss {len(lost)} of {steps} steps (first {lost[0]})")
+            if why:
+                gaps[t] = why
+        return gaps
+
+    def quarantine_incomplete(self) -> list[str]:
+        """Move what is left of every done trial whose rows do not cover its steps (its runs row,
+        parts, checks and checkpoint) to quarantine/, so it runs again from the start. Call after
+        quarantine(): reads every file. Returns one line per trial."""
+        moved = []
+        for trial, why in self.gaps_by_trial(self.read("runs")).items():
+            for table in TABLES:
+                for name in self._list(table):
+                    if trial_of(name) == trial:
+                        self._move_aside(f"{table}/{name}")
+            trial_dir = self.trial_dir(trial)
+            if trial_dir is not None and (trial_dir / "checkpoint.pt").exists():
+                self._move_aside(f"trials/{trial}/checkpoint.pt")
+            moved.append(f"{self.uri}: trial {trial} is incomplete ({'; '.join(why)}); moved what is left of it "
+                         f"to {self.uri}/quarantine/ and it will run again")
+        return moved
+
+
+def _readable(store: ResultsStore, table: str) -> pl.DataFrame:
+    """The readable files of a table (the damaged ones are reported separately)."""
+    parts = []
+    for name in store._list(table):
+        try:
+            parts.append(store._read_file(table, name))
+        except DamagedFile:
+            pass
+    return pl.from_arrow(pa.concat_tables(parts)) if parts else pl.DataFrame(schema=SCHEMAS[table])
+
+
+@dataclass
+class StoreStatus:
+    """A sweep's state as stored: what `sweep status` prints."""
+
+    runs: pl.DataFrame
+    unfinished: list[str]          # started, no runs row: running or interrupted
+    damaged: list[tuple[str, str, str]]
+    lock: dict | None              # the current holder of run.lock, if any
+    gaps: list[str]                # verify: trials whose rows do not cover their steps
+
+    @property
+    def failed(self) -> pl.DataFrame:
+        return self.runs.filter(pl.col("status") != "done")
+
+    @property
+    def ok(self) -> bool:
+        return not (self.failed.height or self.unfinished or self.damaged or self.gaps)
+
+
+@dataclass
+class StoreSink:
+    """study.train's Sink writing one trial into a ResultsStore, exactly once."""
+
+    store: ResultsStore
+    trial_id: str
+    on_progress: Callable[[dict], None] | None = None
+    """Called with study.train's live progress after each eval (e.g. `sweep train` prints it)."""
+    _metrics: list[dict] = field(default_factory=list)
+    _curves: list[dict] = field(default_factory=list)
+    _checks: list[dict] = field(default_factory=list)
+    _dims: list[dict] = field(default_factory=list)
+
+    def begin(self, resume_step: int | None) -> None:
+        self._metrics, self._curves, self._checks = [], [], []
+        self._dims = []
+        self.store.discard(self.trial_id, resume_step)
+
+    def metrics(self, rows: list[dict]) -> None:
+        self._metrics += rows
+
+    def curves(self, rows: list[dict]) -> None:
+        self._curves += rows
+
+    def checks(self, rows: list[dict]) -> None:
+        self._checks += rows
+
+    def dims(self, rows: list[dict]) -> None:
+        self._dims += rows
+
+    def flush(self, step: int) -> None:
+        self.store.write_part("metrics", self.trial_id, self._metrics)
+        self.store.write_part("curves", self.trial_id, self._curves)
+        self.store.write_part("dims", self.trial_id, self._dims)
+        self._dims = []
+        if self._checks:
+            self.store.write_checks(self.trial_id, self._checks)
+        self._metrics, self._curves, self._checks = [], [], []
+
+    def checkpoint(self, step: int, directory: Path) -> None:
+        pass
+
+    def progress(self, info: dict) -> None:
+        if self.on_progress is not None:
+            self.on_progress(info)
+
+    def final_weights(self, data: bytes) -> None:
+        self.store.write_final_weights(self.trial_id, data)
+
+    def run(self, row: dict) -> None:
+        self.store.write_run(row)
