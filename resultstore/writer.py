@@ -19,6 +19,7 @@ then moved into place. Local paths and s3:// or gs:// URIs go through pyarrow fi
 from __future__ import annotations
 
 import io
+import json
 import os
 import time
 import uuid
@@ -274,7 +275,9 @@ class ResultsStore:
                 if short:
                     why.append(f"metrics rows short at steps {short[:8]} (expected {m['len'][0]} per eval)")
                 found = m["step"].to_list()
-                every = min((b - a for a, b in zip(found, found[1:])), default=steps or 1)
+                every = _eval_every(row.get("config_json")) or min((b - a for a, b in zip(found, found[1:])), default=steps or 1)
+                # The scheduled evals must all be there; a checkpoint step adds an eval of its own
+                # (rows at 500 with eval_every 300), which is no gap and does not set the interval.
                 missing = sorted(set(range(found[0], steps + 1, every)) - set(found))
                 if missing or found[-1] != steps:
                     why.append(f"no metrics rows at eval steps {(missing or [steps])[:8]}")
@@ -385,3 +388,14 @@ class StoreSink:
 
     def run(self, row: dict) -> None:
         self.store.write_run(row)
+
+
+def _eval_every(config_json: str | None) -> int | None:
+    """A trial's train.eval_every from its runs row's config_json (None when the row has none)."""
+    if not config_json:
+        return None
+    try:
+        every = json.loads(config_json).get("train", {}).get("eval_every")
+    except (ValueError, AttributeError):
+        return None
+    return every if isinstance(every, int) and every > 0 else None

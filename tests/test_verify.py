@@ -244,3 +244,23 @@ def test_verify_names_a_damaged_file_once_and_whole(sweep):
     assert result.exit_code == 2, result.output
     assert result.output.count(part.name) == 1, result.output
     assert "incomplete rows" not in result.output
+
+
+def test_a_checkpoint_between_evals_is_no_gap(tmp_path):
+    """A checkpoint step evaluates too (its rows must exist before it is saved): with eval_every
+    10 and checkpoint_every 15 the rows sit at 0, 10, 15, 20, 30. The scheduled evals come from
+    the trial's own eval_every, not from the smallest gap (which read 5 and flagged 5 and 25)."""
+    spec = tmp_path / "offbeat.yaml"
+    spec.write_text(SMOKE.read_text().replace("name: smoke", "name: offbeat").replace("checkpoint_every: 10", "checkpoint_every: 15"))
+    result = invoke("train", spec, "--trial", "0", "--results", tmp_path / "results")
+    assert result.exit_code == 0, result.output
+    store = ResultsStore(tmp_path / "results", "offbeat")
+    steps = sorted(store.read("metrics", ["step"])["step"].unique().to_list())
+    assert steps == [0, 10, 15, 20, 30]
+    assert store.gaps_by_trial(store.read("runs")) == {}
+    status = invoke("status", tmp_path / "results" / "offbeat", "--verify")
+    assert status.exit_code == 0, status.output
+    last = sorted((tmp_path / "results" / "offbeat" / "metrics").glob("*.parquet"))[-1]
+    last.unlink()  # the part after the checkpoint: the evals at 20 and 30
+    (trial,) = store.completed_ids()
+    assert store.gaps_by_trial(store.read("runs")) == {trial: ["no metrics rows at eval steps [20, 30]"]}

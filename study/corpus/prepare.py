@@ -444,7 +444,7 @@ def start_partial(out: Path, force: bool, on_event: Callable[[str], None]) -> Pa
             raise PrepareError(f"--out {out}: is a file")
     tmp = partial_dir(out)
     if tmp.exists():
-        from sweep.store import pid_alive
+        from resultstore.lock import pid_alive
 
         owner = (tmp / ".prepare.pid").read_text().split() if (tmp / ".prepare.pid").exists() else []
         if len(owner) == 2 and owner[0] == socket.gethostname() and owner[1].isdigit() and pid_alive(int(owner[1])) \
