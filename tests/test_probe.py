@@ -160,3 +160,14 @@ def test_report_draws_the_sae_section_or_notes_its_absence(sweep_dir):
     assert "sae" in after.charts and after.captions["sae"].endswith("one seed.")
     assert not any("No SAE probe rows" in n for n in after.notes)
     after.charts["sae"].to_dict()  # a valid Vega-Lite spec
+
+
+def test_the_random_basis_is_one_haar_draw_per_seed_and_layer():
+    """Not one basis for every trial: that is one draw whose offset every trial inherits."""
+    from sweep.probe import random_basis
+
+    q = random_basis(0, 2, 16)
+    assert torch.allclose(q.double() @ q.double().T, torch.eye(16, dtype=torch.float64), atol=1e-5)
+    assert torch.equal(q, random_basis(0, 2, 16))  # fixed: a re-run sees the same basis
+    for other in (random_basis(1, 2, 16), random_basis(0, 4, 16)):
+        assert (q - other).abs().max() > 0.1
