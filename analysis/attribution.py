@@ -1,6 +1,6 @@
 """What the outlier dimensions are and what they do: queries over the `dims` table.
 
-The table (analysis/schema.py; measures defined in study/attribution.py) holds, per trial and
+The table (resultstore/schema.py; measures defined in study/attribution.py) holds, per trial and
 attributed eval step, each layer's top-k dimensions (layer >= 0) and the ablations (layer -1).
 Every function takes Polars frames (the table, and done runs with `config_id`) and returns a
 frame: pure, lazy where the input is, no I/O.

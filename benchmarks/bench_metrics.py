@@ -1,6 +1,6 @@
 """Probe overhead: one ActivationProbe.run vs one training step, on the same model.
 
-DESIGN budget: the metric pass costs under 3% of training time at eval_every 100, i.e.
+Budget (docs/architecture.md "Budgets"): the metric pass costs under 3% of training time at eval_every 100, i.e.
 probe_time / (100 x step_time) < 0.03.
 
     python benchmarks/bench_metrics.py                 # d_model 128, 4 layers, CPU

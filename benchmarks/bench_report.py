@@ -1,6 +1,6 @@
 """Benchmark: a full `write_report` over a ~10M-row metrics table.
 
-Budget (DESIGN.md): "a report over 10M metric rows in seconds (lazy)".
+Budget (docs/architecture.md "Budgets"): "a report over 10M metric rows in seconds (lazy)".
 
 Run from the repository root, with the project's environment active:
 

@@ -8,7 +8,7 @@ Run (from the repository root, venv active; the machine is shared, so nice it):
     nice -n 10 python benchmarks/bench_step.py --d-model 768 --threads 1 --repeats 3 --steps 1 \
         --optimizers adam rotated_adam soap muon adafactor lion
 
-Budget (DESIGN.md "Budgets"): a whole step with rotated_adam (and soap, muon) within 1.15x of
+Budget (docs/architecture.md "Budgets"): a whole step with rotated_adam (and soap, muon) within 1.15x of
 one with AdamW, at every laptop-grid size (d_model 32/64/128, 4 layers, batch 32 x 128) and
 at d_model 768. For each width it builds one `study.model.Transformer` per optimiser (same
 init, same batch), runs the train loop's step exactly as study/train.py does, and in every

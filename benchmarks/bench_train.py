@@ -1,4 +1,4 @@
-"""Overhead of the instrumented trial vs a plain hand-written PyTorch loop (DESIGN.md budgets:
+"""Overhead of the instrumented trial vs a plain hand-written PyTorch loop (docs/architecture.md "Budgets":
 within 10% per step; the metric pass under 3% of training time).
 
     python benchmarks/bench_train.py [--d-model 128] [--steps 200] [--threads 1] [--repeats 3]

@@ -15,7 +15,7 @@ it online in higher precision as QuaRot does with Hadamards). So a rotated model
 matmuls see the computation basis, which is what the comparison with the unrotated one asks.
 
 Recorded as metrics rows: metric `quant_loss_delta`, basis `w8a8` | `w4a4`, site `model`,
-layer -1 (DESIGN.md "Quantisation cost"), and beside it `quant_loss_delta_se`: the standard error of
+layer -1 (docs/guide.md, "The study, precisely"), and beside it `quant_loss_delta_se`: the standard error of
 the penalty over the eval batch's sequences (sd of the per-sequence quantised-minus-float loss /
 sqrt(sequences)), the floor below which a difference of penalties is this eval batch's noise.
 """

@@ -44,7 +44,7 @@ def test_haar_rotated_activations_read_the_null_on_average(kind: str) -> None:
     got = float(np.mean(means))
     sem = float(np.std(means) / np.sqrt(bases))
     assert got == pytest.approx(kurtosis_null(d), abs=4 * sem + 2e-3)
-    if kind != "heavy_tailed":  # (near-parallel tokens: a wide spread across bases, see DESIGN.md)
+    if kind != "heavy_tailed":  # (heavy-tailed tokens spread too widely across bases to tell the formulas apart)
         assert abs(got - 3 * d / (d + 2)) > 4 * sem  # the uncentred formula is wrong here
 
 
