@@ -1,5 +1,5 @@
 """A synthetic results store with known answers, written by the product's own writer
-(``sweep.store.ResultsStore``), so the analysis tests read the layout a sweep writes
+(``resultstore.writer.ResultsStore``), so the analysis tests read the layout a sweep writes
 (``runs/<id>.parquet``, ``metrics/<id>.<first>-<last>.parquet``, ...).
 
 For the tests and the report benchmark (``benchmarks/bench_report.py``); not part of the product:
@@ -48,7 +48,7 @@ from analysis.null import null_expr
 from analysis.load import CHECKS_SCHEMA, CURVES_SCHEMA, METRICS_SCHEMA, RUNS_SCHEMA
 from analysis.schema import ARROW
 from study.optim import OPTIMIZER_FAMILY
-from sweep.store import ResultsStore
+from resultstore.writer import ResultsStore
 
 __all__ = ["FAMILIES", "SITE_METRICS", "SyntheticStore", "write_store"]
 

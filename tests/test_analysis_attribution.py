@@ -22,7 +22,7 @@ def dims_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     every eval."""
     from study.config import TrialConfig
     from study.train import train
-    from sweep.store import ResultsStore
+    from resultstore.writer import ResultsStore
 
     store = ResultsStore(tmp_path_factory.mktemp("dims"), "dims")
     for name, d, seed in TRIALS:

@@ -25,7 +25,7 @@ from study.invariance import rotate_residual_basis
 from study.model import Transformer
 from study.rotation import generator_for, random_orthogonal
 from study.train import MemorySink, StopTraining, train
-from sweep.store import ResultsStore, StoreSink
+from resultstore.writer import ResultsStore, StoreSink
 from test_quant import plant_outlier
 
 PLANTED, TARGET, SPIKE, GAIN = (10, 20, 30), 7, 20.0, 60.0

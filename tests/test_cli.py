@@ -136,7 +136,7 @@ def test_resources_this_machine_cannot_hold_are_refused_at_their_line_before_ray
 
 def test_rerunning_a_sweep_whose_trials_diverged_says_so(tmp_path):
     from sweep.cli import load
-    from sweep.store import ResultsStore
+    from resultstore.writer import ResultsStore
     from sweep.trainable import failed_row
 
     _, trials = load(SMOKE)

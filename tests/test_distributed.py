@@ -234,7 +234,7 @@ def test_a_two_worker_trial_runs_as_a_torch_trainer_inside_tune_and_resumes_afte
     from sweep.grid import expand
     from sweep.launch import run_sweep
     from sweep.spec import parse_spec
-    from sweep.store import ResultsStore
+    from resultstore.writer import ResultsStore
     from sweep.trainable import train_trial
 
     spec = parse_spec({**SPEC, "train": {**SPEC["train"], "steps": 120, "checkpoint_every": 40, "eval_every": 40}})
@@ -325,7 +325,7 @@ def test_a_two_worker_trial_spans_both_nodes_of_a_two_raylet_cluster(tmp_path):
 
     from ray.cluster_utils import Cluster
 
-    from sweep.store import ResultsStore
+    from resultstore.writer import ResultsStore
 
     spec = tmp_path / "ddp.yaml"
     spec.write_text(json.dumps({**SPEC, "train": {**SPEC["train"], "checkpoint_every": 0}}))

@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sweep.cli import app
-from sweep.store import ResultsStore
+from resultstore.writer import ResultsStore
 
 SMOKE = Path(__file__).parent.parent / "specs" / "smoke.yaml"
 KEYS = {"runs": ["trial_id", "status", "steps"], "metrics": ["trial_id", "step", "layer", "site", "basis", "metric"],
@@ -168,7 +168,7 @@ resources: {{cpu: 1}}
 
 def text_spec(tmp_path: Path, name: str, lr: float) -> Path:
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("".join((Path(__file__).parent.parent / p).read_text() for p in ("sweep/cli.py", "sweep/store.py")))
+    corpus.write_text("".join((Path(__file__).parent.parent / p).read_text() for p in ("sweep/cli.py", "resultstore/writer.py")))
     spec = tmp_path / f"{name}.yaml"
     spec.write_text(TEXT_SPEC.format(name=name, corpus=corpus, lr=lr))
     return spec

@@ -1,4 +1,4 @@
-"""One writer per sweep: sweep/store.py's SweepLock, through `sweep run` (no Ray needed: the lock
+"""One writer per sweep: resultstore/lock.py's SweepLock, through `sweep run` (no Ray needed: the lock
 is taken before anything starts)."""
 
 import json

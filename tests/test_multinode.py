@@ -14,7 +14,7 @@ import pytest
 
 from sweep.grid import expand
 from sweep.spec import load_spec
-from sweep.store import ResultsStore
+from resultstore.writer import ResultsStore
 from sweep.trainable import train_trial
 
 pytestmark = pytest.mark.slow

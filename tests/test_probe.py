@@ -135,7 +135,7 @@ def test_probe_on_s3_results(trained, s3):
 
 
 def test_report_draws_the_sae_section_or_notes_its_absence(sweep_dir):
-    from analysis.report import build  # (importing analysis.report_build first is circular on main today)
+    from analysis.report import build
     from analysis.sae import sae_summary
 
     before = build(load(sweep_dir), n_boot=10)

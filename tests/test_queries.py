@@ -399,7 +399,7 @@ def test_quant_penalty_carries_the_eval_batch_floor(store, tmp_path: Path) -> No
     # sequences (mean over seeds); a store that predates the metric has a null floor
     import shutil
 
-    from analysis.report_build import _quant_floor_note
+    from analysis.report.content import _quant_floor_note
 
     before = sel.quant_penalty(load(store.path), "w8a8").collect()
     assert before.get_column("floor").null_count() == before.height

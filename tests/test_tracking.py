@@ -190,7 +190,7 @@ def test_a_tracker_failing_mid_sweep_loses_no_result_row(tmp_path, local_ray):
     from ray.tune import Callback
 
     from sweep.launch import run_sweep
-    from sweep.store import ResultsStore
+    from resultstore.writer import ResultsStore
 
     class BreakTheDatabase(Callback):
         def on_trial_result(self, iteration, trials, trial, result, **info):

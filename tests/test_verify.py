@@ -1,4 +1,4 @@
-"""Damage detected and named (sweep/store.py: damaged, quarantine, status --verify), and a status
+"""Damage detected and named (resultstore/writer.py: damaged, quarantine, status --verify), and a status
 that tells the truth. One real trial is trained once (in-process, no Ray) and copied per test."""
 
 import os

@@ -1,0 +1,139 @@
+"""The layering of docs/architecture.md, read from the source with `ast`: imports go down only
+(resultstore <- study, analysis <- sweep), and no import cycle exists, lazy imports included."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("resultstore", "study", "sweep", "analysis")
+
+FORBIDDEN = {
+    "resultstore": {"study", "sweep", "analysis", "torch", "ray"},
+    "study": {"sweep", "analysis", "ray"},
+    "analysis": {"study", "sweep", "torch", "ray"},
+    "sweep": set(),
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST, module: str, *, top_level_only: bool) -> set[str]:
+    """Absolute names this module imports (`from a import b` gives `a.b`, which may be a module
+    or a name in `a`). Top level only: not inside functions or `if TYPE_CHECKING:`."""
+    found: set[str] = set()
+
+    def visit(nodes: list[ast.stmt]) -> None:
+        for node in nodes:
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                assert not node.level, f"{module}: relative import (the project imports absolutely)"
+                base = node.module or ""
+                found.add(base)
+                found.update(f"{base}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.If) and _is_type_checking(node):
+                visit(node.orelse)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and top_level_only:
+                continue
+            else:
+                for field in ("body", "orelse", "finalbody", "handlers"):
+                    visit([n for n in getattr(node, field, []) if isinstance(n, ast.AST)])
+
+    visit(tree.body)  # type: ignore[attr-defined]
+    return found
+
+
+@pytest.fixture(scope="module")
+def sources() -> dict[str, ast.AST]:
+    return {name: ast.parse(path.read_text(), str(path)) for name, path in _modules().items()}
+
+
+@pytest.mark.parametrize("layer", PACKAGES)
+def test_imports_go_down_only(sources: dict[str, ast.AST], layer: str) -> None:
+    """Anywhere in a module, lazy imports included: a layer never reaches up."""
+    bad = []
+    for module, tree in sources.items():
+        if module.split(".")[0] != layer:
+            continue
+        for name in _imports(tree, module, top_level_only=False):
+            if name.split(".")[0] in FORBIDDEN[layer]:
+                bad.append(f"{module} imports {name}")
+    assert not bad, "\n".join(sorted(set(bad)))
+
+
+def _graph(sources: dict[str, ast.AST]) -> dict[str, set[str]]:
+    """Imports between project modules, lazy ones included (a cycle through a function-level
+    import is still two modules that need each other); a name in a package resolves to the
+    package, a submodule to itself."""
+    graph: dict[str, set[str]] = {}
+    for module, tree in sources.items():
+        edges = set()
+        for name in _imports(tree, module, top_level_only=False):
+            while name and name not in sources:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                edges.add(name)
+        graph[module] = edges
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            # A package imported by its own submodule is the package's __init__ running first;
+            # importing a submodule from its package's __init__ is not a cycle either way.
+            if node.startswith(nxt + "."):
+                continue
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_cycle(sources: dict[str, ast.AST]) -> None:
+    cycle = _cycle(_graph(sources))
+    assert cycle is None, " -> ".join(cycle or [])
+
+
+def test_the_checks_see_a_violation() -> None:
+    """The reader of imports and the cycle finder catch what they exist to catch."""
+    upward = ast.parse("import os\nfrom study.model import Transformer\ndef f():\n    import ray\n")
+    assert {"study.model", "study.model.Transformer", "ray"} <= _imports(upward, "resultstore.x", top_level_only=False)
+    assert "ray" not in _imports(upward, "resultstore.x", top_level_only=True)
+    guarded = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n")
+    assert "torch" not in _imports(guarded, "analysis.x", top_level_only=False)
+    assert _cycle({"a.x": {"a.y"}, "a.y": {"a.z"}, "a.z": {"a.x"}}) == ["a.x", "a.y", "a.z", "a.x"]
+    assert _cycle({"a": {"a.x"}, "a.x": {"a"}}) is None
