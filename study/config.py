@@ -19,6 +19,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from resultstore.ids import canonical_json, digest, science_hash
 from study.optim.registry import OPTIMIZERS, optimizer_family, optimizer_names, runs_columns
 
+__all__ = [
+    "NormName", "OptimizerName", "RotationMode", "INT64_MAX", "FieldError", "without_new_defaults",
+    "ModelConfig", "RotationConfig", "OptimizerConfig", "DataConfig", "EvalBatchConfig",
+    "TrainConfig", "RuntimeConfig", "TrialConfig",
+]
+
 NormName = Literal["layernorm", "rmsnorm", "rmsnorm_scalar"]
 OptimizerName = Literal[optimizer_names()]  # the registry's names (study/optim/), in order
 RotationMode = Literal["none", "shared", "independent", "partial", "groups"]

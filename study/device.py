@@ -23,6 +23,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # torch is imported where it is used: `sweep plan` reads the peak table without it
     import torch
 
+__all__ = [
+    "PEAK_FLOPS", "COMPILE_MIN_PARAMS", "peak_flops", "mfu", "reset_peak_memory",
+    "peak_memory_bytes", "limit_memory", "should_compile", "use_bf16", "cpu_model", "device_detail",
+]
+
 PEAK_FLOPS: tuple[tuple[str, float], ...] = (
     # (substring of torch.cuda.get_device_name, dense bf16/fp16 tensor FLOP/s); first match wins
     ("H200", 989.4e12),

@@ -40,6 +40,8 @@ from torch import Tensor
 from study.model import Rotate, Transformer
 from study.rotation import Plan, generator_for, random_orthogonal
 
+__all__ = ["DTYPES", "rotate_residual_basis", "plan_in_basis", "loss_change_by_dtype"]
+
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 
 

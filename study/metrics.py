@@ -24,6 +24,12 @@ from torch import Tensor
 
 from study.rotation import generator_for, random_orthogonal
 
+__all__ = [
+    "METRICS", "CONTROL_BASES", "CONTROL_SPREAD", "kurtosis_null", "kurtosis", "neuron_kurtosis",
+    "outlier_dims", "max_abs", "max_median_ratio", "control_metrics", "dettmers_outliers",
+    "ProbeResult", "ActivationProbe",
+]
+
 METRICS = ("kurtosis", "neuron_kurtosis", "outlier_dims_abs", "outlier_dims_rel", "max_abs", "max_median_ratio")
 """Metric names measured at every (layer, site, basis)."""
 

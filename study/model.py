@@ -33,6 +33,11 @@ from torch.nn.utils import skip_init
 from study.config import TrialConfig
 from study.rotation import Plan, build_plan, generator_for
 
+__all__ = [
+    "EPS", "LayerNorm", "RMSNorm", "ScalarRMSNorm", "NORMS", "Rotate", "read_write", "linear",
+    "Attention", "MLP", "Block", "Transformer",
+]
+
 EPS = 1e-5
 
 

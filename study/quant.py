@@ -29,6 +29,10 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+__all__ = [
+    "SCHEMES", "fake_quantise", "quantised", "quantised_losses", "quantised_delta_se", "quant_rows",
+]
+
 SCHEMES: dict[str, tuple[int, int]] = {"w8a8": (8, 8), "w4a4": (4, 4)}
 """Scheme name -> (weight bits, activation bits)."""
 

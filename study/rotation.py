@@ -38,6 +38,9 @@ from torch import Tensor
 from study.config import RotationConfig
 
 
+__all__ = ["Plan", "generator_for", "random_orthogonal", "build_plan"]
+
+
 @dataclass(frozen=True)
 class Plan:
     """Every read of the residual stream (x @ R) and, through R^T, every write. None: identity."""

@@ -37,6 +37,12 @@ from study.rotation import generator_for
 if TYPE_CHECKING:  # the runs-table contract; study does not import analysis at run time
     from resultstore.schema import Status
 
+__all__ = [
+    "CHECKPOINT_FILE", "Sink", "MemorySink", "RunSummary", "StopTraining", "resolve_device",
+    "lr_at", "code_version", "device_name", "save_checkpoint", "find_checkpoint", "Evaluation",
+    "evaluate", "train", "run_row",
+]
+
 CHECKPOINT_FILE = "checkpoint.pt"
 
 

@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+__all__ = ["app"]  # the typer app (the `sweep` console script); the rest serves its commands
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Scaling-study sweeps: why residual streams grow basis-aligned outliers.")
 # emoji off: a message quotes what the user wrote (`bpe:abc`, `my:fire:spec.yaml`) exactly as written;

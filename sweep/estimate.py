@@ -27,6 +27,11 @@ from resultstore.schema import FINISHED
 from study.config import TrialConfig
 from study.device import peak_flops
 
+__all__ = [
+    "TABLE", "ASSUMED_MFU", "ASSUMED_CPU_FLOPS", "DATA_PARALLEL_EFFICIENCY", "DEFAULT_GPU", "Rate",
+    "Estimate", "load_table", "table_rate", "measured_flops_per_s", "estimate",
+]
+
 TABLE = Path(__file__).with_name("throughput.json")
 ASSUMED_MFU = 0.35
 """Share of the peak assumed for a GPU nobody has measured yet."""

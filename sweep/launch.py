@@ -18,6 +18,9 @@ from study.config import TrialConfig
 from sweep.spec import SpecError, SweepSpec
 
 
+__all__ = ["SweepOutcome", "LOOPBACK", "check_resources", "run_sweep", "record_errors"]
+
+
 @dataclass(frozen=True)
 class SweepOutcome:
     """What a run did: trials already complete, launched, and the final status of each."""

@@ -11,6 +11,8 @@ from rich.progress import Progress
 from analysis.labels import trial_labels
 from study.config import TrialConfig
 
+__all__ = ["label_rows", "labels_for", "ProgressCallback"]
+
 _FLAT_ALREADY = ("name", "lr", "betas", "eps", "weight_decay", "momentum", "nesterov", "rotate",
                  "precondition_frequency", "muon_momentum")  # OptimizerConfig fields flat() carries
 

@@ -23,6 +23,12 @@ from study.data import check_corpus
 from study.train import RunSummary, run_row, train
 
 
+__all__ = [
+    "node_label", "TuneSink", "failed_row", "train_trial", "WorkerSink", "train_worker",
+    "train_workers", "run_trial",
+]
+
+
 def node_label() -> str:
     """Where this trial runs: host name and Ray node id (short)."""
     import ray

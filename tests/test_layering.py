@@ -137,3 +137,14 @@ def test_the_checks_see_a_violation() -> None:
     assert "torch" not in _imports(guarded, "analysis.x", top_level_only=False)
     assert _cycle({"a.x": {"a.y"}, "a.y": {"a.z"}, "a.z": {"a.x"}}) == ["a.x", "a.y", "a.z", "a.x"]
     assert _cycle({"a": {"a.x"}, "a.x": {"a"}}) is None
+
+
+def test_every_module_says_what_it_exports(sources: dict[str, ast.AST]) -> None:
+    """An explicit `__all__` in every module: the public names are a decision, not an accident."""
+    def declares(tree: ast.AST) -> bool:
+        return any(isinstance(node, (ast.Assign, ast.AnnAssign)) and "__all__" in
+                   {t.id for t in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(t, ast.Name)}
+                   for node in tree.body) or any(
+                   isinstance(node, ast.ImportFrom) and any(a.name == "__all__" for a in node.names) for node in tree.body)
+    missing = sorted(m for m, tree in sources.items() if not declares(tree))
+    assert not missing, missing

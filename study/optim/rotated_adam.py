@@ -12,6 +12,8 @@ if TYPE_CHECKING:
 
     from study.config import TrialConfig
 
+__all__ = ["MAX_ROTATED_VOCAB", "build", "check_vocab"]
+
 MAX_ROTATED_VOCAB = 8192
 """rotate "all" turns the vocabulary dimension too: a V x V basis, refused above this V."""
 

@@ -12,6 +12,9 @@ if TYPE_CHECKING:
     from study.config import TrialConfig
 
 
+__all__ = ["build"]
+
+
 def build(cfg: TrialConfig, model: nn.Module):
     import torch
 

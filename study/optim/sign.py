@@ -13,6 +13,9 @@ if TYPE_CHECKING:
     from study.config import TrialConfig
 
 
+__all__ = ["build_lion", "build_signsgd"]
+
+
 def _lion(model: nn.Module, lr: float, betas: tuple[float, float], weight_decay: float):
     from study.optim.rules.groups import decay_groups
     from study.optim.rules.lion import Lion

@@ -12,6 +12,9 @@ if TYPE_CHECKING:
     from study.config import OptimizerConfig, TrialConfig
 
 
+__all__ = ["build", "family"]
+
+
 def build(cfg: TrialConfig, model: nn.Module):
     from study.optim.rules.groups import decay_groups
     from study.optim.rules.soap import SOAP
