@@ -6,7 +6,9 @@
     <root>/<sweep>/checks/<trial_id>.parquet
     <root>/<sweep>/dims/<trial_id>.<first>-<last>.parquet     outlier-dimension attribution, like metrics
     <root>/<sweep>/sae/<trial_id>.L<layer>.<sae optimiser>.parquet  `sweep probe sae` rows
-    <root>/<sweep>/trials/<trial_id>/config.json, checkpoint.pt (local stores)
+    <root>/<sweep>/trials/<trial_id>/config.json (local stores)
+    <root>/<sweep>/trials/<trial_id>/checkpoint.pt            the newest checkpoint (local stores; remote
+                                                              ones for multi-worker trials)
     <root>/<sweep>/trials/<trial_id>/final.pt                 a done trial's weights (any store)
     <root>/<sweep>/run.lock                                   the one writer (resultstore.lock)
     <root>/<sweep>/quarantine/<table>/<file>                  damaged files, moved aside
@@ -29,6 +31,7 @@ from resultstore.schema import TABLES
 from resultstore.uri import StorageError, first_line
 
 __all__ = [
+    "CHECKPOINT",
     "FINAL_WEIGHTS",
     "LOCK_FILE",
     "PART",
@@ -43,6 +46,7 @@ __all__ = [
     "writes_into_a_sweep",
 ]
 
+CHECKPOINT = "checkpoint.pt"
 FINAL_WEIGHTS = "final.pt"
 LOCK_FILE = "run.lock"
 PART = re.compile(r"^(?P<trial>.+)\.(?P<first>\d+)-(?P<last>\d+)\.parquet$")

@@ -33,7 +33,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from resultstore import uri
-from resultstore.layout import FINAL_WEIGHTS, PART, DamagedFile, table_files, trial_of
+from resultstore.layout import CHECKPOINT, FINAL_WEIGHTS, PART, DamagedFile, table_files, trial_of
 from resultstore.lock import SweepLock
 from resultstore.schema import ARROW, FINISHED, SCHEMAS, TABLES
 from resultstore.uri import StorageError, first_line
@@ -130,6 +130,32 @@ class ResultsStore:
         """One (trial, layer, SAE optimiser)'s rows (both bases), atomically: a re-write replaces it."""
         self._write_atomic(f"sae/{trial_id}.L{layer}.{sae_optimizer}.parquet", _to_table("sae", rows))
 
+    def put_checkpoint(self, trial_id: str, directory: Path) -> None:
+        """Copy the checkpoint rank 0 just wrote into `directory` to the trial's folder in the store,
+        atomically (a temporary name, then a move), streamed: how a remote store keeps what a local
+        store's trial folder holds, for a multi-worker trial whose retry may start on any node."""
+        source = Path(directory) / CHECKPOINT
+        final = f"{self.path}/trials/{trial_id}/{CHECKPOINT}"
+        if self.local and source.resolve() == Path(final).resolve():
+            return
+        self.fs.create_dir(final.rsplit("/", 1)[0], recursive=True)
+        tmp = f"{final.rsplit('/', 1)[0]}/.tmp-{uuid.uuid4().hex}"
+        with open(source, "rb") as f, self.fs.open_output_stream(tmp) as out:
+            while chunk := f.read(1 << 24):
+                out.write(chunk)
+        self.fs.move(tmp, final)
+
+    def fetch_checkpoint(self, trial_id: str, directory: Path) -> bool:
+        """Copy the trial's stored checkpoint into `directory` (False when there is none)."""
+        source = f"{self.path}/trials/{trial_id}/{CHECKPOINT}"
+        if self.fs.get_file_info(source).type != pafs.FileType.File:
+            return False
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        with self.fs.open_input_stream(source) as f, open(Path(directory) / CHECKPOINT, "wb") as out:
+            while chunk := f.read(1 << 24):
+                out.write(chunk)
+        return True
+
     def _write_bytes(self, rel: str, data: bytes) -> None:
         final = f"{self.path}/{rel}"
         parent = final.rsplit("/", 1)[0]
@@ -218,9 +244,8 @@ class ResultsStore:
                          f"{self.uri}/quarantine/{table}/ and trial {trial} will run again")
             if table != "runs" and self.fs.get_file_info(f"{self.path}/runs/{trial}.parquet").type == pafs.FileType.File:
                 self._move_aside(f"runs/{trial}.parquet")
-            trial_dir = self.trial_dir(trial)
-            if trial_dir is not None and (trial_dir / "checkpoint.pt").exists():
-                self._move_aside(f"trials/{trial}/checkpoint.pt")
+            if self.fs.get_file_info(f"{self.path}/trials/{trial}/{CHECKPOINT}").type == pafs.FileType.File:
+                self._move_aside(f"trials/{trial}/{CHECKPOINT}")
         return moved
 
     def _move_aside(self, rel: str) -> None:
@@ -299,9 +324,8 @@ class ResultsStore:
                 for name in self._list(table):
                     if trial_of(name) == trial:
                         self._move_aside(f"{table}/{name}")
-            trial_dir = self.trial_dir(trial)
-            if trial_dir is not None and (trial_dir / "checkpoint.pt").exists():
-                self._move_aside(f"trials/{trial}/checkpoint.pt")
+            if self.fs.get_file_info(f"{self.path}/trials/{trial}/{CHECKPOINT}").type == pafs.FileType.File:
+                self._move_aside(f"trials/{trial}/{CHECKPOINT}")
             moved.append(f"{self.uri}: trial {trial} is incomplete ({'; '.join(why)}); moved what is left of it "
                          f"to {self.uri}/quarantine/ and it will run again")
         return moved

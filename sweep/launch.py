@@ -218,11 +218,6 @@ def run_sweep(
     if not isinstance(store, ResultsStore):
         store = ResultsStore(store, spec.name)
         store.check_writable()  # unreachable endpoint, missing bucket, bad credentials: before Ray starts
-    if not store.local and (spec.resources.workers > 1 or any(o.workers > 1 for o in spec.resources.by_size)):
-        error = SpecError(f"resources.workers: multi-worker trials write and resume through a results folder "
-                          f"every node can read (a local or shared file system), not {store.uri}")
-        error.loc = ("resources", "workers")
-        raise error
     lock = SweepLock(store)
     warning = lock.acquire()  # LockHeld (exit 2) when another run holds this sweep
     try:

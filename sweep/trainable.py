@@ -3,7 +3,9 @@
 A trial with several workers (resources.workers > 1) is a light Tune driver that runs Ray
 Train's TorchTrainer: each worker runs study.train in the process group Ray Train sets up
 (DDP, study.distributed) and rank 0 writes the rows and checkpoints into the trial's folder. A
-failed worker fails the fit; Tune retries the trial, which resumes from that checkpoint.
+failed worker fails the fit; Tune retries the trial, which resumes from that checkpoint (kept in
+the trial's folder of the store, local or remote). Rank 0's evals reach Tune live through a Ray
+queue the driver drains, so the progress bar and the trackers see every eval as it happens.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from study.train import RunSummary, run_row, train
 
 
 __all__ = [
-    "node_label", "TuneSink", "failed_row", "train_trial", "WorkerSink", "train_worker",
+    "node_label", "layer_kurtosis", "TuneSink", "failed_row", "train_trial", "WorkerSink", "train_worker",
     "train_workers", "run_trial",
 ]
 
@@ -36,6 +38,12 @@ def node_label() -> str:
     return f"{socket.gethostname()}/{ray.get_runtime_context().get_node_id()[:12]}"
 
 
+def layer_kurtosis(rows: list[dict]) -> dict[str, float]:
+    """Every layer's residual kurtosis of one eval, as the progress keys trackers chart."""
+    return {f"kurtosis/resid/L{r['layer']}": r["value"] for r in rows
+            if (r["site"], r["basis"], r["metric"]) == ("resid", "stored", "kurtosis")}
+
+
 class TuneSink(StoreSink):
     """A StoreSink that also reports progress and checkpoints to Ray Tune."""
 
@@ -44,9 +52,7 @@ class TuneSink(StoreSink):
 
     def metrics(self, rows: list[dict]) -> None:
         super().metrics(rows)
-        # every layer's residual kurtosis rides in the eval's progress report (trackers chart it)
-        self.layer_kurtosis = {f"kurtosis/resid/L{r['layer']}": r["value"] for r in rows
-                               if (r["site"], r["basis"], r["metric"]) == ("resid", "stored", "kurtosis")}
+        self.layer_kurtosis = layer_kurtosis(rows)  # rides in the eval's progress report
 
     def progress(self, info: dict) -> None:
         tune.report({"trial_id": self.trial_id, **info, **getattr(self, "layer_kurtosis", {})})
@@ -84,50 +90,106 @@ def train_trial(cfg: TrialConfig, store: ResultsStore, sink: StoreSink, resume_f
 
 
 class WorkerSink(StoreSink):
-    """Rank 0's sink inside a Ray Train worker: rows to the store (no Tune session to report to)."""
+    """Rank 0's sink inside a Ray Train worker: rows to the store; each eval's progress to the
+    trial's Tune driver through a Ray queue (the driver reports it, so the progress bar and the
+    trackers see a multi-worker trial live); with a remote store, each checkpoint into the
+    trial's folder in the bucket (a retry may start on any node)."""
+
+    def __init__(self, store: ResultsStore, trial_id: str, progress_queue=None):
+        super().__init__(store, trial_id)
+        self.progress_queue = progress_queue
 
     def run(self, row: dict) -> None:
         super().run({**row, "node": node_label()})
 
+    def metrics(self, rows: list[dict]) -> None:
+        super().metrics(rows)
+        self.layer_kurtosis = layer_kurtosis(rows)
+
+    def progress(self, info: dict) -> None:
+        if self.progress_queue is not None:
+            self.progress_queue.put({"trial_id": self.trial_id, **info, **getattr(self, "layer_kurtosis", {})})
+
+    def checkpoint(self, step: int, directory: Path) -> None:
+        self.store.put_checkpoint(self.trial_id, directory)
+
 
 def train_worker(config: dict) -> None:
-    """One Ray Train worker of a multi-worker trial (every rank calls study.train; rank 0 writes)."""
+    """One Ray Train worker of a multi-worker trial (every rank calls study.train; rank 0 writes).
+    A local store's trial folder holds the checkpoint every rank resumes from; with a remote
+    store each rank copies the stored checkpoint (if any) into a scratch folder of its own."""
     cwd = config.get("cwd")
     if cwd and os.path.isdir(cwd):
         os.chdir(cwd)
     cfg = TrialConfig.model_validate_json(config["trial"])
     check_corpus(cfg.data)  # this worker's view of the corpus the driver checked
     store = ResultsStore(config["results"], cfg.sweep)
-    train(cfg, WorkerSink(store, cfg.trial_id), checkpoint_dir=store.trial_dir(cfg.trial_id))
+    sink = WorkerSink(store, cfg.trial_id, config.get("progress"))
+    if store.local:
+        train(cfg, sink, checkpoint_dir=store.trial_dir(cfg.trial_id))
+        return
+    scratch = Path(tempfile.mkdtemp(prefix=f"sweep-{cfg.trial_id}-"))
+    try:
+        store.fetch_checkpoint(cfg.trial_id, scratch)
+        train(cfg, sink, checkpoint_dir=scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def train_workers(cfg: TrialConfig, store: ResultsStore, want: dict, config: dict) -> dict:
-    """Run a multi-worker trial with TorchTrainer; returns its runs row (rank 0 wrote it). On a failed fit
-    write a `failed` runs row and re-raise, as train_trial does (Tune's retry resumes)."""
+    """Run a multi-worker trial with TorchTrainer; returns its runs row (rank 0 wrote it). Rank 0's
+    progress reaches Tune as it happens: the fit runs in a thread while this one reports what
+    the queue brings. On a failed fit write a `failed` runs row and re-raise, as train_trial
+    does (Tune's retry resumes from the stored checkpoint)."""
+    import threading
+
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.util.queue import Empty, Queue
 
-    trial_dir = store.trial_dir(cfg.trial_id)  # launch refuses object stores for multi-worker trials
-    trial_dir.mkdir(parents=True, exist_ok=True)
-    (trial_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+    trial_dir = store.trial_dir(cfg.trial_id)
+    if trial_dir is not None:
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        (trial_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
     per_worker = {"CPU": want["cpu"], **({"GPU": want["gpu"]} if want["gpu"] else {})}
+    progress = Queue(actor_options={"num_cpus": 0})
     trainer = TorchTrainer(
         train_worker,
-        train_loop_config={"trial": cfg.model_dump_json(), "results": config["results"], "cwd": config.get("cwd")},
+        train_loop_config={"trial": cfg.model_dump_json(), "results": config["results"], "cwd": config.get("cwd"),
+                           "progress": progress},
         torch_config=TorchConfig(backend="nccl" if want["gpu"] else "gloo"),
         scaling_config=ScalingConfig(num_workers=int(want["workers"]), use_gpu=bool(want["gpu"]),
                                      resources_per_worker=per_worker),
         run_config=RunConfig(name=f"train-{cfg.trial_id}", storage_path=f"{store.path}/ray",
+                             storage_filesystem=None if store.local else store.fs,
                              failure_config=FailureConfig(max_failures=0)),  # Tune retries the whole trial
     )
+    failure: list[BaseException] = []
+
+    def fit() -> None:
+        try:
+            trainer.fit()
+        except BaseException as exc:  # re-raised below, in the trial's own thread
+            failure.append(exc)
+
+    fitting = threading.Thread(target=fit, name=f"fit-{cfg.trial_id}", daemon=True)
+    fitting.start()
     try:
-        trainer.fit()
-    except Exception as exc:
+        while fitting.is_alive() or not progress.empty():
+            try:
+                tune.report(progress.get(timeout=1.0))
+            except Empty:
+                pass
+    finally:
+        fitting.join()
+        progress.shutdown()
+    if failure:
+        exc = failure[0]
         try:
             store.write_run(failed_row(cfg, f"{type(exc).__name__}: {str(exc).strip()[-2000:]}"))
         except Exception as write_exc:
             exc.add_note(f"(the failed row could not be written: {str(write_exc).splitlines()[0][:200]})")
-        raise
+        raise exc
     runs = store.read("runs")
     return next((r for r in runs.to_dicts() if r["trial_id"] == cfg.trial_id), {"status": "missing"})
 

@@ -103,3 +103,21 @@ def test_config_id_is_the_science_hash_of_config_json() -> None:
     assert cfg.model_copy(update={"seed": 4}).trial_id != cfg.trial_id
     assert science_hash(config, drop=("optimizer.lr",)) == science_hash(
         {**config, "optimizer": {**config["optimizer"], "lr": 9.0}}, drop=("optimizer.lr",))
+
+
+def test_a_checkpoint_goes_into_the_trial_folder_and_comes_back_byte_for_byte(tmp_path: Path) -> None:
+    """put_checkpoint / fetch_checkpoint: what a remote store keeps for a multi-worker trial's retry
+    (the same calls on a local store, through the same pyarrow filesystem)."""
+    store = ResultsStore(tmp_path / "r", "s")
+    assert store.fetch_checkpoint("abc", tmp_path / "none") is False
+    written = tmp_path / "rank0"
+    written.mkdir()
+    data = os.urandom(3 << 20)
+    (written / "checkpoint.pt").write_bytes(data)
+    store.put_checkpoint("abc", written)
+    assert (tmp_path / "r" / "s" / "trials" / "abc" / "checkpoint.pt").read_bytes() == data
+    assert not [p for p in (tmp_path / "r" / "s" / "trials" / "abc").iterdir() if p.name.startswith(".tmp")]
+    assert store.fetch_checkpoint("abc", tmp_path / "retry") is True
+    assert (tmp_path / "retry" / "checkpoint.pt").read_bytes() == data
+    store.put_checkpoint("abc", tmp_path / "r" / "s" / "trials" / "abc")  # already there: nothing to copy
+    assert (tmp_path / "r" / "s" / "trials" / "abc" / "checkpoint.pt").read_bytes() == data

@@ -1,0 +1,125 @@
+"""sweep/trainable.py: a two-worker trial (Ray Train inside Ray Tune, gloo on loopback) writing to
+a real S3 API (moto's server, started and stopped by the conftest fixture), resuming from the
+checkpoint it keeps in the bucket after one of its workers is killed, and reporting every eval
+to Tune while it trains."""
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+
+SPEC = {
+    "name": "ddp_s3",
+    "data": {"seq_len": 16},
+    "train": {"steps": 120, "batch_size": 4, "eval_every": 40, "checkpoint_every": 40,
+              "eval_batch": {"sequences": 2}, "invariance_check": False},
+    "grid": {"model": [{"d_model": 32, "n_layers": 2, "n_heads": 2}], "optimizer": [{"name": "adam", "lr": 3e-3}],
+             "norm": ["rmsnorm_scalar"], "seed": [0]},
+    "resources": {"cpu": 1, "workers": 2},
+    "retries": 1,
+}
+
+
+@pytest.fixture(scope="module")
+def local_ray(s3):
+    """A local Ray on loopback, started after the s3 fixture so its workers inherit the endpoint."""
+    import ray
+
+    from sweep.launch import _loopback_only
+
+    _loopback_only()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             _node_ip_address="127.0.0.1")
+    yield ray
+    ray.shutdown()
+
+
+class KillOneTrainWorkerAfterTheStoredCheckpoint:
+    """Waits (in a thread) until the trial's checkpoint is in the bucket, then SIGKILLs one Ray
+    Train worker: a process of our own local Ray (a descendant of this test), nothing else."""
+
+    def __init__(self, fs, checkpoint: str):
+        self.fs, self.checkpoint = fs, checkpoint
+        self.killed: list[int] = []
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        import psutil
+        import pyarrow.fs as pafs
+
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and self.fs.get_file_info(self.checkpoint).type != pafs.FileType.File:
+            time.sleep(0.1)
+        for proc in psutil.Process().children(recursive=True):
+            try:
+                if "RayTrainWorker" in " ".join(proc.cmdline()):
+                    os.kill(proc.pid, signal.SIGKILL)
+                    self.killed.append(proc.pid)
+                    return
+            except psutil.Error:
+                continue
+
+
+def recorder():
+    """A Tune callback keeping every result a trial reports, in order."""
+    from ray.tune import Callback
+
+    class Recorder(Callback):
+        def __init__(self):
+            self.results: list[dict] = []
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            self.results.append(dict(result))
+
+    return Recorder()
+
+
+@pytest.mark.slow
+def test_a_two_worker_trial_writes_to_s3_resumes_from_the_bucket_and_reports_each_eval_live(
+        tmp_path, s3, local_ray):
+    import pyarrow.fs as pafs
+
+    from resultstore.writer import ResultsStore
+    from sweep.grid import expand
+    from sweep.launch import run_sweep
+    from sweep.spec import parse_spec
+    from sweep.trainable import train_trial
+
+    spec = parse_spec(SPEC)
+    (cfg,) = expand(spec)
+    root = "s3://bars/ddp"
+    fs = pafs.S3FileSystem(endpoint_override=s3, region="us-east-1")
+    killer = KillOneTrainWorkerAfterTheStoredCheckpoint(fs, f"bars/ddp/{spec.name}/trials/{cfg.trial_id}/checkpoint.pt")
+    seen = recorder()
+    outcome = run_sweep(spec, [cfg], root, on_start=lambda todo: [seen])
+    assert len(killer.killed) == 1, "no Ray Train worker was killed"
+    assert outcome.failed == [] and outcome.missing == [], outcome
+
+    store = ResultsStore(root, spec.name)
+    runs = store.read("runs")
+    assert runs["status"].to_list() == ["done"] and runs["steps"].to_list() == [120]
+
+    # live: every eval reached Tune while the trial ran, with its loss and each layer's kurtosis;
+    # the retry resumed from the bucket's checkpoint, so step 0 was evaluated (and reported) once
+    evals = [r for r in seen.results if "val_loss" in r and not r.get("finished")]
+    assert [r["step"] for r in evals if r["step"] == 0] == [0], [r["step"] for r in evals]
+    assert {r["step"] for r in evals} == {0, 40, 80, 120}
+    assert all({"kurtosis/resid/L0", "kurtosis/resid/L1", "kurtosis/resid/L2"} <= set(r) for r in evals)
+    assert seen.results[-1].get("finished") and seen.results.index(evals[-1]) < len(seen.results) - 1
+
+    # exactly once, at the 1-worker trial's values (fp32, two summation orders: 1e-3 over 120 steps)
+    reference = ResultsStore(tmp_path / "ref", spec.name)
+    train_trial(cfg, reference, reference.sink(cfg.trial_id))
+    for table, key in (("metrics", ["step", "layer", "site", "basis", "metric"]), ("curves", ["step"])):
+        got, want = store.read(table).sort(key), reference.read(table).sort(key)
+        assert got.height == got.unique(key).height == want.height, table
+    got = store.read("curves").drop_nulls("val_loss").sort("step")
+    want = reference.read("curves").drop_nulls("val_loss").sort("step")
+    assert got["step"].to_list() == want["step"].to_list() == [0, 40, 80, 120]
+    assert got["val_loss"].to_list() == pytest.approx(want["val_loss"].to_list(), rel=1e-3)
+    live = {r["step"]: r["val_loss"] for r in evals}
+    assert [live[s] for s in (0, 40, 80, 120)] == pytest.approx(got["val_loss"].to_list(), rel=1e-9)
