@@ -286,10 +286,36 @@ def run(
         out.print(f"  sweep status {q(folder)}\n  sweep report {q(folder)}\n"
                   f"  sweep query {q(folder)} \"SELECT optimizer, avg(value) FROM metrics JOIN runs USING (trial_id) "
                   "WHERE metric = 'kurtosis' AND site = 'resid' AND basis = 'stored' GROUP BY optimizer\"")
+    if tracker is not None and outcome.launched:
+        report_to_tracker(tracker, tracker_uri, store)
     bad = outcome.failed + outcome.missing
     if bad:
         err.print(f"[red]{len(bad)} trial(s) failed, diverged or did not finish[/]: {', '.join(bad)}")
         raise typer.Exit(1)
+
+
+def report_to_tracker(tracker: str, target: str, store) -> None:
+    """The sweep's report (as `sweep report` writes it), attached where the tracker keeps the sweep.
+    A remote store's report is built in a local temporary folder for the upload (`sweep report`
+    writes it into the bucket). A failure here is a warning: every result row is already stored."""
+    import shutil
+    import tempfile
+
+    from analysis.report import write_report
+    from sweep import tracking
+
+    scratch = None if store.local else tempfile.mkdtemp(prefix="sweep-report-")
+    try:
+        result = write_report(store.uri, out=scratch, formats=("svg", "png"))
+        where = tracking.attach_report(tracker, target, store.sweep, Path(result.out),
+                                       location=None if scratch else result.out)
+        out.print(f"Report attached: {escape(where)}")
+    except Exception as exc:
+        err.print(f"warning: the report was not attached to {tracker} ({escape(reason(exc))}); "
+                  f"the results are unaffected: sweep report {q(store.uri)}")
+    finally:
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 # ---- status ----------------------------------------------------------------------------------

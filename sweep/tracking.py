@@ -5,6 +5,11 @@ by its label, the trial's config columns (`TrialConfig.flat`) as parameters, and
 numbers as series at the training step: losses, tokens/s and the residual kurtosis of every
 layer under `kurtosis/resid/L<l>` (one section; TensorBoard also gets one chart of all layers).
 
+After the sweep, `attach_report` puts `sweep report`'s folder where the sweep's runs are: a W&B
+artifact (type "report") logged by one more run of the group, an MLflow run "report" of the
+experiment holding the files as artifacts, or the report's PNG charts as TensorBoard images (with
+the report's location as text) under <folder>/<sweep>/report.
+
 `check` runs before anything trains: a missing package or an unreachable tracker is one line
 (TrackerError, exit 2). A tracker that fails mid-sweep is switched off with one warning: the
 results store never depends on it, so no result row is lost.
@@ -20,7 +25,7 @@ from pathlib import Path
 
 from study.config import TrialConfig
 
-__all__ = ["TRACKERS", "TrackerError", "check", "callbacks", "trial_label", "series"]
+__all__ = ["TRACKERS", "TrackerError", "check", "callbacks", "trial_label", "series", "attach_report"]
 
 TRACKERS = ("wandb", "mlflow", "tensorboard")
 DEFAULT_MLFLOW_URI = "sqlite:///mlflow.db"
@@ -114,6 +119,56 @@ def callbacks(kind: str, target: str, sweep: str, trials: list[TrialConfig]) -> 
     if kind == "mlflow":
         return [_mlflow_callback()(runs, tracking_uri=target, experiment_name=sweep)]
     return [_tensorboard_callback()(runs, Path(target) / sweep)]
+
+
+def attach_report(kind: str, target: str, sweep: str, report_dir: Path, location: str | None = None) -> str:
+    """Attach the report in `report_dir` (a local folder) to the sweep's place in the tracker;
+    `location` is where the report is kept (named in the tracker). Returns where it went."""
+    report_dir = Path(report_dir)
+    location = location or str(report_dir.resolve())
+    files = sorted(p for p in report_dir.rglob("*") if p.is_file())
+    if kind == "wandb":
+        import wandb
+
+        run = wandb.init(project=target, group=sweep, job_type="report", name=f"{sweep}: report",
+                         id=re.sub(r"[^\w-]+", "-", f"{sweep}-report"), resume="allow", reinit=True)
+        try:
+            artifact = wandb.Artifact(re.sub(r"[^\w.-]+", "-", f"{sweep}-report"), type="report",
+                                      metadata={"location": location})
+            artifact.add_dir(str(report_dir))
+            run.log_artifact(artifact)
+            run.summary["report"] = location
+        finally:
+            run.finish()
+        return f"W&B project {target}, group {sweep}: artifact {artifact.name}"
+    if kind == "mlflow":
+        import mlflow
+
+        client = mlflow.MlflowClient(tracking_uri=target)
+        experiment = client.get_experiment_by_name(sweep)
+        experiment_id = experiment.experiment_id if experiment else client.create_experiment(sweep)
+        run = client.create_run(experiment_id, run_name="report", tags={"kind": "report", "report": location})
+        try:
+            client.log_artifacts(run.info.run_id, str(report_dir), artifact_path="report")
+        finally:
+            client.set_terminated(run.info.run_id)
+        return f"MLflow {target}, experiment {sweep}: run {run.info.run_id} (artifacts under report/)"
+    from tensorboardX import SummaryWriter
+    from tensorboardX.proto.summary_pb2 import Summary
+
+    folder = Path(target) / sweep / "report"
+    writer = SummaryWriter(str(folder))
+    try:
+        writer.add_text("report", f"The sweep's report: `{location}` ({len(files)} files)")
+        for png in (p for p in files if p.suffix == ".png"):
+            data = png.read_bytes()
+            width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")  # IHDR
+            image = Summary.Image(height=height, width=width, colorspace=4, encoded_image_string=data)
+            writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=f"report/{png.stem}",
+                                                                               image=image)]), 0)
+    finally:
+        writer.close()
+    return f"TensorBoard {folder}: {sum(p.suffix == '.png' for p in files)} charts as images"
 
 
 class _Guarded:

@@ -207,3 +207,77 @@ def test_a_tracker_failing_mid_sweep_loses_no_result_row(tmp_path, local_ray):
     store = ResultsStore(tmp_path / "r", spec.name)
     assert set(store.statuses().values()) == {"done"} and len(store.statuses()) == len(trials)
     assert sorted(store.read("curves")["step"].to_list()) == sorted(list(range(9)) * len(trials))
+
+
+@pytest.fixture(scope="module")
+def report_dir(swept):
+    """The swept store's report (PNG charts only, to keep the test short)."""
+    from analysis.report import write_report
+
+    _, tmp, _, _ = swept
+    result = write_report(tmp / "results" / "tracked", out=tmp / "report", formats=("png",))
+    pngs = sorted(p.name for p in (tmp / "report").glob("*.png"))
+    assert pngs and (tmp / "report" / "index.html").exists()
+    return Path(result.out)
+
+
+@pytest.mark.slow
+def test_the_report_is_attached_to_wandb_as_an_artifact_of_the_sweeps_group(swept, report_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))  # apart from the trials' runs the test above counts
+    where = tracking.attach_report("wandb", "tests", "tracked", report_dir)
+    (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    recs = list(wandb_records(run_file))
+    run = next(r.run for r in recs if r.WhichOneof("record_type") == "run")
+    assert run.run_group == "tracked" and run.project == "tests" and run.job_type == "report"
+    (artifact,) = [r.artifact for r in recs if r.WhichOneof("record_type") == "artifact"]
+    assert artifact.type == "report" and artifact.name in where
+    stored = {c.path for c in artifact.manifest.contents}
+    assert stored == {p.name for p in report_dir.iterdir()}
+
+
+@pytest.mark.slow
+def test_the_report_is_a_run_of_the_mlflow_experiment_with_the_files_as_artifacts(swept, report_dir, tmp_path):
+    import mlflow
+
+    target = tracking.check("mlflow", f"sqlite:///{tmp_path}/mlflow.db")
+    tracking.attach_report("mlflow", target, "tracked", report_dir)
+    client = mlflow.MlflowClient(tracking_uri=target)
+    (run,) = client.search_runs([client.get_experiment_by_name("tracked").experiment_id])
+    assert run.info.run_name == "report" and run.data.tags["report"] == str(report_dir.resolve())
+    stored = {a.path.removeprefix("report/") for a in client.list_artifacts(run.info.run_id, "report")}
+    assert stored == {p.name for p in report_dir.iterdir()}
+
+
+@pytest.mark.slow
+def test_the_reports_charts_are_tensorboard_images_under_the_sweeps_folder(swept, report_dir, tmp_path):
+    tracking.attach_report("tensorboard", str(tmp_path), "tracked", report_dir)
+    images, texts = {}, []
+    for f in (tmp_path / "tracked" / "report").glob("events.out.tfevents.*"):
+        for event in tensorboard_events(f):
+            for value in event.summary.value:
+                if value.HasField("image"):
+                    images[value.tag] = value.image
+                elif value.tag.startswith("report"):
+                    texts.append(value)
+    pngs = sorted(report_dir.glob("*.png"))
+    assert sorted(images) == [f"report/{p.stem}" for p in pngs]
+    for p in pngs:
+        assert images[f"report/{p.stem}"].encoded_image_string == p.read_bytes()
+        assert images[f"report/{p.stem}"].width > 100 and images[f"report/{p.stem}"].height > 100
+    assert texts, "no text summary naming the report's location"
+
+
+@pytest.mark.slow
+def test_sweep_run_with_a_tracker_attaches_the_report_when_the_sweep_ends(tmp_path, local_ray):
+    from typer.testing import CliRunner
+
+    from sweep.cli import app
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(json.dumps({**SPEC, "grid": {**SPEC["grid"], "optimizer": [{"name": "adam", "lr": 3e-3}]}}))
+    result = CliRunner().invoke(app, ["run", str(spec), "--results", str(tmp_path / "r"), "--tracker", "tensorboard",
+                                      "--tracker-uri", str(tmp_path / "tb")])
+    assert result.exit_code == 0, result.output
+    assert "Report attached: TensorBoard" in result.output
+    assert (tmp_path / "r" / "tracked" / "report" / "index.html").exists()
+    assert list((tmp_path / "tb" / "tracked" / "report").glob("events.out.tfevents.*"))
