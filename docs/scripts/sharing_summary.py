@@ -1,0 +1,88 @@
+"""Summary of a sharing sweep (issue 17, the paper's question 5): kurtosis of the normalised block
+inputs (attn_in, mlp_in) in each block's computation basis at the final step, by layer and by
+rotation plan (none; partial(k): k consecutive blocks share one basis; ends rotated or not), as a
+mean over seeds with a 95% t-interval, against the exact null 3(d-1)/(d+1).
+Usage: python docs/scripts/sharing_summary.py RESULTS/SWEEP   (e.g. results/sharing)"""
+import sys
+
+import numpy as np
+import polars as pl
+from scipy import stats
+
+from resultstore.reader import load
+
+results = load(sys.argv[1])
+runs = results.runs.collect().filter(pl.col("status") == "done")
+runs = runs.select("trial_id", "seed", "steps", "d_model", "final_val_loss",
+                   plan=pl.when(pl.col("rotation") == "none").then(pl.lit("none"))
+                   .otherwise(pl.format("k={}{}", pl.col("group_size"),
+                                        pl.when(pl.col("rotate_embeddings")).then(pl.lit("")).otherwise(pl.lit(", ends unrotated")))))
+m = results.metrics.collect().join(runs, on="trial_id")
+fin = m.filter(pl.col("step") == pl.col("steps"), pl.col("metric") == "kurtosis",
+               pl.col("site").is_in(["attn_in", "mlp_in"]), pl.col("basis") == "computation")
+d = runs["d_model"][0]
+null = 3 * (d - 1) / (d + 1)
+
+
+def interval(values: list[float]) -> str:
+    x = np.asarray(values)
+    if len(x) < 2:
+        return f"{x.mean():.2f} (one seed)"
+    half = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))
+    return f"{x.mean():.2f} ± {half:.2f}"
+
+
+print(f"null 3(d-1)/(d+1) = {null:.3f} (d = {d}); final step; mean ± 95% t half-width over seeds (n per cell)")
+plans = sorted(fin["plan"].unique().to_list(), key=lambda p: (p != "none", "unrotated" in p, p))
+for site in ("attn_in", "mlp_in"):
+    rows = []
+    for plan in plans:
+        cell = fin.filter(pl.col("plan") == plan, pl.col("site") == site)
+        per_layer = {f"L{l}": interval(g.sort("seed")["value"].to_list())
+                     for (l,), g in sorted(cell.group_by("layer"), key=lambda kv: kv[0][0])}
+        by_seed = cell.group_by("seed").agg(pl.col("value").mean())["value"].to_list()
+        rows.append({"plan": plan, "n": cell["seed"].n_unique(), **per_layer, "mean over layers": interval(by_seed)})
+    print(f"\n{site}, computation basis")
+    with pl.Config(tbl_rows=50, tbl_cols=20, tbl_width_chars=200, fmt_str_lengths=30):
+        print(pl.DataFrame(rows))
+loss = runs.group_by("plan").agg(pl.len().alias("n"), pl.col("final_val_loss").mean().round(3).alias("val loss"),
+                                 pl.col("final_val_loss").std().round(3).alias("sd"))
+print("\nfinal val loss"); print(loss.sort("plan"))
+
+# one number per trial: the excess over the null of the mean over blocks and both layer inputs
+per_trial = fin.group_by("trial_id", "plan", "seed").agg((pl.col("value").mean() - null).alias("excess"))
+print("\nexcess over the null per trial (mean over blocks, attn_in and mlp_in): mean ± 95% t half-width")
+for plan in plans:
+    x = per_trial.filter(pl.col("plan") == plan)["excess"].to_numpy()
+    if len(x) > 1:
+        half = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))
+        print(f"  {plan:<24} n={len(x)}  {x.mean():+.3f} ± {half:.3f}   p(excess = 0, one-sample t) = "
+              f"{stats.ttest_1samp(x, 0).pvalue:.2g}")
+
+
+def welch(a: str, b: str) -> None:
+    x = per_trial.filter(pl.col("plan") == a)["excess"].to_numpy()
+    y = per_trial.filter(pl.col("plan") == b)["excess"].to_numpy()
+    if len(x) < 2 or len(y) < 2:
+        return
+    res = stats.ttest_ind(x, y, equal_var=False)
+    ci = res.confidence_interval(0.95)
+    print(f"  {a} minus {b}: {x.mean() - y.mean():+.3f} [{ci.low:+.3f}, {ci.high:+.3f}]  (Welch p = {res.pvalue:.2g})")
+
+
+print("\ndifferences (Welch t, 95% interval)")
+for a, b in (("none", "k=6"), ("k=6", "k=3"), ("k=3", "k=1"), ("k=6", "k=1")):
+    welch(a, b)
+shared = per_trial.filter(pl.col("plan").str.starts_with("k=") & ~pl.col("plan").str.contains("unrotated"))
+k = shared["plan"].str.extract(r"k=(\d+)").cast(pl.Int64).to_numpy()
+if len(set(k)) > 2:
+    fit = stats.linregress(k, shared["excess"].to_numpy())
+    half = stats.t.ppf(0.975, len(k) - 2) * fit.stderr
+    print(f"\nexcess against k (ends rotated, {len(k)} trials): slope {fit.slope:+.3f} ± {half:.3f} per block "
+          f"sharing the basis, intercept {fit.intercept:+.3f} (p = {fit.pvalue:.2g})")
+for name in ("unrotated",):
+    ab = per_trial.filter(pl.col("plan").str.contains(name))
+    for (plan,), g in sorted(ab.group_by("plan")):
+        twin = per_trial.filter(pl.col("plan") == plan.split(",")[0])
+        print(f"  {plan}: excess {g['excess'].mean():+.3f} (n={g.height}) against {twin['excess'].mean():+.3f} with the "
+              f"ends rotated (n={twin.height})")
