@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from study.config import DataConfig, FieldError, TrialConfig
 from study.data import check_corpus, check_data
+from study.optim.registry import sharding_problem
 from sweep.grid import trial_config
 from sweep.spec_schema import SweepSpec
 from sweep.spec_yaml import ABSENT, Where, dig, error_message
@@ -68,6 +69,10 @@ def point_problems(spec: SweepSpec, where: Where):
             continue
         for loc, msg in _budget(cfg, mi):
             yield where.format(loc, msg)
+        place, sharding = spec.resources.sharding_at(cfg.params)
+        if sharding == "fsdp" and (problem := sharding_problem(cfg.optimizer.name, where.label(("resources", *place)))):
+            yield where.format(("grid", "optimizer", oi, "name"),
+                               problem + (f" (with grid.model[{mi}])" if place[0] == "by_size" else ""))
     for axis, entries in axes.items():
         for j, e in enumerate(entries):
             i = next(i for i, f in enumerate(entries) if f == e)
