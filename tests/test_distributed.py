@@ -173,10 +173,10 @@ def test_fsdp_workers_train_shards_and_follow_the_one_worker_trajectory(tmp_path
     curves and rank 0's metrics (probed on gathered whole weights) are the one-worker run's
     within BOUND: fp32, and only the order of the gradient sums differs, as under DDP."""
     rank0, rank1 = run_workers(tmp_path, tiny(), sharding="fsdp")
-    for rank in (rank0, rank1):
+    for r, rank in enumerate((rank0, rank1)):  # dim 0 split as torch.chunk does: ceil(n / 2) rows on rank 0
         assert rank["trained"] and all(kind == "DTensor" for _, kind, _, _ in rank["trained"]), rank["trained"]
-        whole_rows = {name: shape[0] for name, _, shape, _ in rank["trained"]}
-        assert all(local[0] == (whole_rows[n] + 1) // 2 for n, _, _, local in rank["trained"]), rank["trained"]
+        for name, _, shape, local in rank["trained"]:
+            assert local == ((shape[0] + 1) // 2 if r == 0 else shape[0] // 2, *shape[1:]), (r, name, shape, local)
     sink = rank0["sink"]
     no_speed = lambda rows: [{**r, "tokens_per_s": None} for r in rows]  # noqa: E731
     assert_rows_close(no_speed(sink.curve_rows), no_speed(one_worker.curve_rows), CURVE_VALUES)
@@ -364,13 +364,19 @@ def test_resources_give_workers_per_size_and_refuse_what_cannot_run(tmp_path):
     sized = {**SPEC, "resources": {"cpu": 1, "workers": 2,
                                    "by_size": [{"min_params": 10**6, "cpu": 2, "gpu": 1, "workers": 4}]}}
     resources = parse_spec(sized).resources
-    assert resources.for_params(10) == {"cpu": 1, "gpu": 0, "workers": 2}
-    assert resources.for_params(10**6) == {"cpu": 2, "gpu": 1, "workers": 4}
+    assert resources.for_params(10) == {"cpu": 1, "gpu": 0, "workers": 2, "sharding": "ddp"}
+    assert resources.for_params(10**6) == {"cpu": 2, "gpu": 1, "workers": 4, "sharding": "ddp"}
+    sharded = parse_spec({**SPEC, "resources": {"cpu": 1, "workers": 2, "by_size": [
+        {"min_params": 10**6, "cpu": 1, "workers": 4, "sharding": "fsdp"}]}}).resources
+    assert sharded.for_params(10)["sharding"] == "ddp" and sharded.for_params(10**6)["sharding"] == "fsdp"
+    assert sharded.sharding_at(10**6) == (("by_size", 0, "sharding"), "fsdp")
+    assert sharded.sharding_at(10) == (("sharding",), "ddp")
     with pytest.raises(SpecError, match=r"resources.by_size\[0\].workers: train.batch_size 4 does not split evenly "
                                         r"over 3 workers"):
         parse_spec({**SPEC, "resources": {"cpu": 1, "by_size": [{"min_params": 0, "cpu": 1, "workers": 3}]}})
-    with pytest.raises(SpecError, match=r"resources.sharding: 'fsdp' is not supported: only 'ddp'"):
+    with pytest.raises(SpecError, match=r"resources.sharding: fsdp needs workers >= 2"):
         parse_spec({**SPEC, "resources": {"cpu": 1, "sharding": "fsdp"}})
+    assert parse_spec({**SPEC, "resources": {"cpu": 1, "workers": 2, "sharding": "fsdp"}}).resources.sharding == "fsdp"
     too_big = parse_spec({**SPEC, "resources": {"cpu": 2, "workers": 4}})
     with pytest.raises(SpecError, match=r"needs cpu=8 gpu=0 \(all its workers\), but (this machine|the whole cluster) has cpu=2") as caught:
         run_sweep(too_big, expand(too_big), tmp_path, num_cpus=2)
