@@ -31,6 +31,7 @@ from study.invariance import loss_change_by_dtype
 from study.metrics import ActivationProbe
 from study.model import Transformer
 from study.optim import build_optimizer
+from study.optim.registry import sharding_problem
 from study.quant import quant_rows, quantised_delta_se, quantised_losses
 from study.rotation import generator_for
 
@@ -274,13 +275,20 @@ def train(
     *,
     checkpoint_dir: Path | None = None,
     resume_from: Path | None = None,
+    sharding: str = "ddp",
 ) -> RunSummary:
     """Train one trial. Checkpoints go to `checkpoint_dir`; `resume_from` (a directory holding
     a checkpoint; defaults to checkpoint_dir) continues an interrupted run exactly. Inside a
     torch.distributed group every rank calls this; the probe, rows and checkpoints are rank 0's
-    alone (study.distributed): the other ranks' sinks are never called."""
+    alone (study.distributed): the other ranks' sinks are never called. `sharding` ("ddp" or
+    "fsdp") is how a group of several ranks splits the model; one worker ignores it."""
     sink = sink if sink is not None else MemorySink()
     ranks = distributed.world()
+    if sharding not in ("ddp", "fsdp"):
+        raise ValueError(f"resources.sharding: {sharding!r} is not one of 'ddp', 'fsdp'")
+    sharded = sharding == "fsdp" and ranks.size > 1
+    if sharded and (problem := sharding_problem(cfg.optimizer.name)):
+        raise ValueError(f"optimizer.name: {problem}")
     t_start = time.perf_counter()
 
     # -- setup: threads, device, precision
@@ -299,12 +307,15 @@ def train(
     corpus = load_corpus(cfg.data)
     x_eval, y_eval = eval_batch(corpus, cfg.train.eval_batch.sequences, cfg.eval_seq_len, device)
     model = Transformer.from_config(cfg).to(device)
-    optimizer = build_optimizer(cfg, model)
     rows = distributed.local_rows(cfg.train.batch_size, ranks)
-    parallel_model = distributed.wrap(model, device, ranks)
+    # fsdp: every rank's parameters become shards, and rank 0 evaluates a whole copy (eval_model)
+    # into which each eval gathers the weights; otherwise the model evaluated is the one trained
+    parallel_model = distributed.shard(model, ranks) if sharded else distributed.wrap(model, device, ranks)
+    eval_model = Transformer.from_config(cfg).to(device) if sharded and ranks.main else model
+    optimizer = build_optimizer(cfg, model)  # on the shards, under fsdp
     step_model = torch.compile(parallel_model) if should_compile(cfg.runtime.compile, device, cfg.params) else parallel_model
-    probe = ActivationProbe(model, cfg.seed)
-    attribution = Attribution(model, corpus_token_info(corpus), cfg.seed)
+    probe = ActivationProbe(eval_model, cfg.seed)
+    attribution = Attribution(eval_model, corpus_token_info(corpus), cfg.seed)
     data_gen = generator_for(cfg.seed, "data")
 
     # -- resume
@@ -314,8 +325,11 @@ def train(
         state = torch.load(ckpt, map_location=device, weights_only=False)
         if state["trial_id"] != cfg.trial_id:
             raise ValueError(f"checkpoint {ckpt} belongs to trial {state['trial_id']}, not {cfg.trial_id}")
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        if sharded:
+            distributed.load_full_state(model, optimizer, state["model"], state["optimizer"])
+        else:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
         data_gen.set_state(state["data_rng"])
         step, wall_before, initial_loss = state["step"], state["wall_s"], state["initial_loss"]
     if ranks.main:
@@ -340,8 +354,12 @@ def train(
                 torch.cuda.synchronize(device)
             interval = time.perf_counter() - interval_start
             train_time += interval
+            if sharded:  # a collective: every rank sends its shards, rank 0 gets the whole weights
+                full = distributed.full_model_state(model)
+                if ranks.main:
+                    eval_model.load_state_dict(full)
             if ranks.main:  # the probe and every row: rank 0 alone, on the full eval batch
-                ev = evaluate(cfg, model, probe, (x_eval, y_eval), (losses, grad_norms), since=last_eval, at=step,
+                ev = evaluate(cfg, eval_model, probe, (x_eval, y_eval), (losses, grad_norms), since=last_eval, at=step,
                               seconds=interval, autocast=autocast, attribution=attribution)
                 sink.curves(ev.curves)
                 sink.metrics(ev.metrics)
@@ -357,11 +375,15 @@ def train(
                 status = "diverged"
                 break
             interval_start = time.perf_counter()
+        if checkpoint_due:
+            # under fsdp every rank joins the gathers; the file is the one-worker format either way
+            model_state = distributed.full_model_state(model) if sharded else model.state_dict()
+            optimizer_state = distributed.full_optimizer_state(model, optimizer) if sharded else optimizer.state_dict()
         if checkpoint_due and ranks.main:
             sink.flush(step)
             save_checkpoint(Path(checkpoint_dir), {
-                "trial_id": cfg.trial_id, "step": step, "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(), "data_rng": data_gen.get_state(),
+                "trial_id": cfg.trial_id, "step": step, "model": model_state,
+                "optimizer": optimizer_state, "data_rng": data_gen.get_state(),
                 "wall_s": wall_before + time.perf_counter() - t_start, "initial_loss": initial_loss,
             })
             sink.checkpoint(step, Path(checkpoint_dir))
@@ -376,9 +398,10 @@ def train(
             _, loss = step_model(x, y)
         loss.backward()
         if cfg.train.grad_clip > 0:
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+            norm = distributed.whole(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip))
         else:
-            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None]))
+            norm = torch.linalg.vector_norm(torch.stack([distributed.whole(p.grad.norm())
+                                                         for p in model.parameters() if p.grad is not None]))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
@@ -386,8 +409,9 @@ def train(
         grad_norms[step] = norm.detach()
 
     # -- the end: invariance check, runs row
+    # eval_model holds the final weights: the last eval was at the final step
     if ranks.main and status == "done" and cfg.train.invariance_check:
-        sink.checks(loss_change_by_dtype(model, x_eval, y_eval, cfg.seed))
+        sink.checks(loss_change_by_dtype(eval_model, x_eval, y_eval, cfg.seed))
     if ranks.main:
         sink.flush(step)
     wall = wall_before + time.perf_counter() - t_start
@@ -400,7 +424,7 @@ def train(
     if ranks.main:
         if status == "done":
             buf = io.BytesIO()
-            torch.save({"trial_id": cfg.trial_id, "model": model.state_dict()}, buf)
+            torch.save({"trial_id": cfg.trial_id, "model": eval_model.state_dict()}, buf)
             sink.final_weights(buf.getvalue())
         sink.run(run_row(cfg, summary, device, corpus.fingerprint))
     return summary

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from study.config import DataConfig, FieldError, TrialConfig
 from study.data import check_corpus, check_data
+from study.optim.registry import sharding_problem
 from sweep.grid import trial_config
 from sweep.spec_schema import SweepSpec
 from sweep.spec_yaml import ABSENT, Where, dig, error_message
@@ -66,8 +67,13 @@ def point_problems(spec: SweepSpec, where: Where):
                 msg = error_message(err) + (f" (with grid.model[{mi}])" if rel[:1] == ("rotation",) else "")
                 yield where.format(loc, msg, dig(err.get("input"), rel) if rel else ABSENT)
             continue
-        for loc, msg in _budget(cfg, mi):
+        place, sharding = spec.resources.sharding_at(cfg.params)
+        shards = int(spec.resources.for_params(cfg.params)["workers"]) if sharding == "fsdp" else 1
+        for loc, msg in _budget(cfg, mi, shards):
             yield where.format(loc, msg)
+        if sharding == "fsdp" and (problem := sharding_problem(cfg.optimizer.name, where.label(("resources", *place)))):
+            yield where.format(("grid", "optimizer", oi, "name"),
+                               problem + (f" (with grid.model[{mi}])" if place[0] == "by_size" else ""))
     for axis, entries in axes.items():
         for j, e in enumerate(entries):
             i = next(i for i, f in enumerate(entries) if f == e)
@@ -110,19 +116,21 @@ def _size(n: float) -> str:
     return f"{n:,.0f} bytes"
 
 
-def _budget(cfg: TrialConfig, mi: int):
+def _budget(cfg: TrialConfig, mi: int, shards: int = 1):
     """Memory and time estimates (rough lower bounds, fp32) against MAX_TRIAL_BYTES and
-    MAX_TRIAL_SECONDS; each problem at the field that drives it."""
+    MAX_TRIAL_SECONDS; each problem at the field that drives it. `shards`: the FSDP workers
+    that split the weights, gradients and optimiser state (1 unsharded)."""
     m, t, V, T = cfg.model, cfg.train, cfg.vocab_size, cfg.data.seq_len
     d, L, H, f = m.d_model, m.n_layers, m.n_heads, m.d_mlp
-    state = 16 * cfg.params  # weights, gradients, two Adam moments, fp32
+    state = 16 * cfg.params // shards  # weights, gradients, two Adam moments, fp32 (per worker)
     limit = f"one trial may use at most {_size(MAX_TRIAL_BYTES)}"
     if state > MAX_TRIAL_BYTES:
         parts = {("grid", "model", mi, "d_model"): cfg.params_non_embedding, ("data", "vocab_size"): 2 * V * d,
                  ("data", "seq_len"): T * d}
         yield (max(parts, key=parts.get),
                f"{cfg.params:,} parameters (d_model {d}, {L} layers, vocab {V}, seq_len {T}) need about "
-               f"{_size(state)} for weights, gradients and Adam moments; {limit}")
+               f"{_size(state)} for weights, gradients and Adam moments"
+               f"{f' per worker ({shards} FSDP shards)' if shards > 1 else ''}; {limit}")
         return
 
     def activations(batch: int, seq: int) -> tuple[int, int]:  # (linear in T, attention T^2)

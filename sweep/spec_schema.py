@@ -176,6 +176,11 @@ class Grid(_Spec):
         return self
 
 
+def _check_sharding(sharding: str, workers: int, at: tuple) -> None:
+    if sharding == "fsdp" and workers < 2:
+        raise FieldError((*at, "sharding"), "fsdp needs workers >= 2: one worker has nothing to shard over")
+
+
 class ResourceOverride(_Spec):
     """Resources for trials at or above a model size."""
 
@@ -187,6 +192,13 @@ class ResourceOverride(_Spec):
     """GPUs per trial (per worker; fractions share a GPU)."""
     workers: int = Field(default=1, ge=1)
     """Data-parallel workers per trial (Ray Train), each with `cpu` and `gpu`."""
+    sharding: Literal["ddp", "fsdp"] = "ddp"
+    """ddp or fsdp for these trials (see Resources.sharding); an override does not inherit it."""
+
+    @model_validator(mode="after")
+    def _shards_over_workers(self) -> ResourceOverride:
+        _check_sharding(self.sharding, self.workers, ())
+        return self
 
 
 class Resources(_Spec):
@@ -199,8 +211,10 @@ class Resources(_Spec):
     workers: int = Field(default=1, ge=1)
     """Data-parallel workers per trial (Ray Train's TorchTrainer, DDP); cpu and gpu are per worker.
     The global batch stays train.batch_size, split evenly over the workers."""
-    sharding: str = "ddp"
-    """How a multi-worker trial splits the work: only ddp (whole parameters on every worker)."""
+    sharding: Literal["ddp", "fsdp"] = "ddp"
+    """How a multi-worker trial splits the work: ddp (whole parameters and optimiser state on every
+    worker) or fsdp (FSDP2: each worker holds 1/workers of the parameters, gradients and optimiser
+    state; only the elementwise optimisers, study.optim.registry's `shardable`)."""
     by_size: list[ResourceOverride] = []
     """Overrides by parameter count; the largest min_params that applies wins."""
 
@@ -211,22 +225,28 @@ class Resources(_Spec):
                 raise FieldError(loc, f"gpu above 1 must be a whole number, got {g}")
             if g > MAX_GPUS_PER_TRIAL:  # one trial runs on one node: plan would price a trial nothing runs
                 raise FieldError(loc, f"a trial runs on one node: at most {MAX_GPUS_PER_TRIAL} GPUs, got {g:g}")
-        if self.sharding != "ddp":  # FSDP2 would split the whole matrices rotated_adam, soap and muon need
-            raise FieldError("sharding", f"{self.sharding!r} is not supported: only 'ddp' (every worker holds "
-                                         "whole parameters and optimiser state; FSDP is not implemented)")
+        _check_sharding(self.sharding, self.workers, ())  # each by_size entry checks its own
         return self
 
     @property
     def any_gpu(self) -> bool:
         return self.gpu > 0 or any(o.gpu > 0 for o in self.by_size)
 
-    def for_params(self, params: int) -> dict[str, float]:
-        """{"cpu", "gpu"} per worker and "workers" for a trial of this size."""
-        cpu, gpu, workers = self.cpu, self.gpu, self.workers
+    def for_params(self, params: int) -> dict[str, float | str]:
+        """{"cpu", "gpu"} per worker, "workers" and "sharding" for a trial of this size."""
+        cpu, gpu, workers, sharding = self.cpu, self.gpu, self.workers, self.sharding
         for o in sorted(self.by_size, key=lambda o: o.min_params):
             if params >= o.min_params:
-                cpu, gpu, workers = o.cpu, o.gpu, o.workers
-        return {"cpu": cpu, "gpu": gpu, "workers": workers}
+                cpu, gpu, workers, sharding = o.cpu, o.gpu, o.workers, o.sharding
+        return {"cpu": cpu, "gpu": gpu, "workers": workers, "sharding": sharding}
+
+    def sharding_at(self, params: int) -> tuple[tuple, str]:
+        """(the place in `resources` that sets this size's sharding, its value)."""
+        place: tuple = ("sharding",)
+        for i, o in sorted(enumerate(self.by_size), key=lambda io: io[1].min_params):
+            if params >= o.min_params:
+                place = ("by_size", i, "sharding")
+        return place, self.for_params(params)["sharding"]
 
 
 class SweepSpec(_Spec):

@@ -124,14 +124,15 @@ def train_worker(config: dict) -> None:
     cfg = TrialConfig.model_validate_json(config["trial"])
     check_corpus(cfg.data)  # this worker's view of the corpus the driver checked
     store = ResultsStore(config["results"], cfg.sweep)
+    sharding = config.get("sharding", "ddp")
     sink = WorkerSink(store, cfg.trial_id, config.get("progress"))
     if store.local:
-        train(cfg, sink, checkpoint_dir=store.trial_dir(cfg.trial_id))
+        train(cfg, sink, checkpoint_dir=store.trial_dir(cfg.trial_id), sharding=sharding)
         return
     scratch = Path(tempfile.mkdtemp(prefix=f"sweep-{cfg.trial_id}-"))
     try:
         store.fetch_checkpoint(cfg.trial_id, scratch)
-        train(cfg, sink, checkpoint_dir=scratch)
+        train(cfg, sink, checkpoint_dir=scratch, sharding=sharding)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -156,7 +157,7 @@ def train_workers(cfg: TrialConfig, store: ResultsStore, want: dict, config: dic
     trainer = TorchTrainer(
         train_worker,
         train_loop_config={"trial": cfg.model_dump_json(), "results": config["results"], "cwd": config.get("cwd"),
-                           "progress": progress},
+                           "progress": progress, "sharding": want.get("sharding", "ddp")},
         torch_config=TorchConfig(backend="nccl" if want["gpu"] else "gloo"),
         scaling_config=ScalingConfig(num_workers=int(want["workers"]), use_gpu=bool(want["gpu"]),
                                      resources_per_worker=per_worker),

@@ -208,6 +208,20 @@ CASES = [
     case("by-size-gpu-1000", {RES: "resources: {cpu: 1, by_size: [{min_params: 10, cpu: 1, gpu: 1000}]}"},
          "resources.by_size[0].gpu: a trial runs on one node", "got 1000"),
     case("resources-unknown-key", {RES: "resources: {cpu: 1, memory: 4}"}, "resources.memory: unknown key", "(line 10)"),
+    case("sharding-unknown", {RES: "resources: {cpu: 1, workers: 2, sharding: zero3}"}, "resources.sharding:",
+         "got 'zero3'"),
+    case("fsdp-one-worker", {RES: "resources: {cpu: 1, sharding: fsdp}"},
+         "resources.sharding: fsdp needs workers >= 2: one worker has nothing to shard over"),
+    case("by-size-fsdp-one-worker", {RES: "resources: {cpu: 1, by_size: [{min_params: 10, cpu: 1, sharding: fsdp}]}"},
+         "resources.by_size[0].sharding: fsdp needs workers >= 2"),
+    *(case(f"fsdp-{name}", {SGD: f"{{name: {name}, lr: 1.0e-3}}", RES: "resources: {cpu: 1, workers: 2, sharding: fsdp}"},
+           f"grid.optimizer[1].name: {name} cannot train sharded (resources.sharding: fsdp): {why}",
+           "; use sharding: ddp")
+      for name, why in (("soap", "its preconditioner needs whole matrices"), ("muon", "its Newton-Schulz"),
+                        ("rotated_adam", "its moments live in a rotated basis"), ("adafactor", "its factored"))),
+    case("by-size-fsdp-soap", {SGD: "{name: soap, lr: 1.0e-3}",
+                               RES: "resources: {cpu: 1, by_size: [{min_params: 10, cpu: 1, workers: 2, sharding: fsdp}]}"},
+         "grid.optimizer[1].name: soap cannot train sharded (resources.by_size[0].sharding: fsdp)", "(with grid.model[0])"),
 ]
 
 

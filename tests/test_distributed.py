@@ -48,30 +48,42 @@ class CrashAt(MemorySink):
 
 
 def _worker(rank: int, size: int, rendezvous: str, cfg_json: str, out: str, checkpoint_dir: str | None,
-            crash_step: int | None) -> None:
+            crash_step: int | None, sharding: str) -> None:
+    import study.train
+
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # loopback only
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=size)
     sink = CrashAt(crash_step) if crash_step is not None else MemorySink()
+    trained: list[tuple[str, str, tuple, tuple]] = []  # what the optimiser steps: (name, type, shape, local shape)
+    build = study.train.build_optimizer
+
+    def noting_build(cfg, model):
+        for name, p in model.named_parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            trained.append((name, type(p).__name__, tuple(p.shape), tuple(local.shape)))
+        return build(cfg, model)
+
+    study.train.build_optimizer = noting_build
     try:
         summary = train(TrialConfig.model_validate_json(cfg_json), sink,
-                        checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir else None)
+                        checkpoint_dir=Path(checkpoint_dir) if checkpoint_dir else None, sharding=sharding)
     except StopTraining:
         summary = None
     with open(out, "wb") as f:
-        pickle.dump({"sink": sink, "summary": summary}, f)
+        pickle.dump({"sink": sink, "summary": summary, "trained": trained}, f)
     torch.distributed.destroy_process_group()
 
 
 def run_workers(tmp: Path, cfg: TrialConfig, size: int = 2, checkpoint_dir: Path | None = None,
-                crash_step: int | None = None) -> list[dict | None]:
+                crash_step: int | None = None, sharding: str = "ddp") -> list[dict | None]:
     """Run `size` ranks to the end (or rank 0's crash; the others are then stopped by handle)."""
     tmp.mkdir(parents=True, exist_ok=True)
     ctx = multiprocessing.get_context("spawn")
     rendezvous = tmp / "rendezvous"
     rendezvous.unlink(missing_ok=True)
     procs = [ctx.Process(target=_worker, args=(r, size, str(rendezvous), cfg.model_dump_json(), str(tmp / f"rank{r}.pkl"),
-                                               str(checkpoint_dir) if checkpoint_dir else None, crash_step))
+                                               str(checkpoint_dir) if checkpoint_dir else None, crash_step, sharding))
              for r in range(size)]
     for p in procs:
         p.start()
@@ -150,6 +162,70 @@ def test_a_crashed_two_worker_run_resumes_from_rank0s_checkpoint(tmp_path, one_w
     no_speed = lambda rows: [{**r, "tokens_per_s": None} for r in rows]  # noqa: E731
     assert_rows_close(no_speed(curves), no_speed(one_worker.curve_rows), CURVE_VALUES)
     assert_rows_close(metrics, one_worker.metric_rows, METRIC_VALUES)
+
+
+# ---- FSDP2: sharded parameters and optimiser state ---------------------------------------------
+
+
+@pytest.mark.slow
+def test_fsdp_workers_train_shards_and_follow_the_one_worker_trajectory(tmp_path, one_worker):
+    """Under fsdp each rank's optimiser steps DTensor shards (half of every matrix's rows), yet the
+    curves and rank 0's metrics (probed on gathered whole weights) are the one-worker run's
+    within BOUND: fp32, and only the order of the gradient sums differs, as under DDP."""
+    rank0, rank1 = run_workers(tmp_path, tiny(), sharding="fsdp")
+    for r, rank in enumerate((rank0, rank1)):  # dim 0 split as torch.chunk does: ceil(n / 2) rows on rank 0
+        assert rank["trained"] and all(kind == "DTensor" for _, kind, _, _ in rank["trained"]), rank["trained"]
+        for name, _, shape, local in rank["trained"]:
+            assert local == ((shape[0] + 1) // 2 if r == 0 else shape[0] // 2, *shape[1:]), (r, name, shape, local)
+    sink = rank0["sink"]
+    no_speed = lambda rows: [{**r, "tokens_per_s": None} for r in rows]  # noqa: E731
+    assert_rows_close(no_speed(sink.curve_rows), no_speed(one_worker.curve_rows), CURVE_VALUES)
+    assert_rows_close(sink.metric_rows, one_worker.metric_rows, METRIC_VALUES)
+    assert sink.run_row is not None and sink.run_row["steps"] == 12
+    final = one_worker.final_state["model"]
+    assert sink.final_state["model"].keys() == final.keys()
+    for name, value in final.items():
+        assert torch.allclose(sink.final_state["model"][name], value, rtol=BOUND, atol=1e-6), name
+    empty = rank1["sink"]
+    assert (empty.metric_rows, empty.curve_rows, empty.run_row) == ([], [], None)
+
+
+@pytest.mark.slow
+def test_an_fsdp_checkpoint_is_the_one_worker_format_and_resumes_under_fsdp_and_one_worker(tmp_path, one_worker):
+    import shutil
+
+    cfg = tiny(checkpoint_every=4)
+    ckpt = tmp_path / "ckpt"
+    crashed = run_workers(tmp_path / "a", cfg, checkpoint_dir=ckpt, crash_step=8, sharding="fsdp")[0]
+    assert crashed["summary"] is None
+    state = torch.load(ckpt / "checkpoint.pt", weights_only=False)
+    single = tmp_path / "single"  # what one worker saves at its step-4 checkpoint
+    train(cfg.model_copy(update={"train": cfg.train.model_copy(update={"steps": 8})}), MemorySink(),
+          checkpoint_dir=single)
+    reference = torch.load(single / "checkpoint.pt", weights_only=False)
+    assert state["step"] == 8 and reference["step"] == 4
+    assert state["model"].keys() == reference["model"].keys()
+    assert all(not hasattr(v, "to_local") and v.shape == reference["model"][k].shape for k, v in state["model"].items())
+    assert state["optimizer"]["state"].keys() == reference["optimizer"]["state"].keys()
+    no_lr = lambda groups: [{k: v for k, v in g.items() if k != "lr"} for g in groups]  # noqa: E731 (lr: the schedule's)
+    assert no_lr(state["optimizer"]["param_groups"]) == no_lr(reference["optimizer"]["param_groups"])
+    for i, moments in reference["optimizer"]["state"].items():
+        assert {k: v.shape for k, v in state["optimizer"]["state"][i].items()} == {k: v.shape for k, v in moments.items()}
+    shutil.copytree(ckpt, tmp_path / "ckpt1")
+    kept = crashed["sink"]
+    no_speed = lambda rows: [{**r, "tokens_per_s": None} for r in rows]  # noqa: E731
+    one = MemorySink()
+    one.metric_rows, one.curve_rows = list(kept.metric_rows), list(kept.curve_rows)
+    resumed = {"fsdp": run_workers(tmp_path / "b", cfg, checkpoint_dir=ckpt, sharding="fsdp")[0]["sink"],
+               "one worker": one}
+    train(cfg, one, checkpoint_dir=tmp_path / "ckpt1")  # the same file, resumed by a single process
+    for how, sink in resumed.items():
+        after = [r for r in sink.curve_rows if r["step"] > 8]
+        assert min(r["step"] for r in after) == 9, how
+        curves = [r for r in kept.curve_rows if r["step"] <= 8] + after
+        metrics = [r for r in kept.metric_rows if r["step"] <= 8] + [r for r in sink.metric_rows if r["step"] > 8]
+        assert_rows_close(no_speed(curves), no_speed(one_worker.curve_rows), CURVE_VALUES)
+        assert_rows_close(metrics, one_worker.metric_rows, METRIC_VALUES)
 
 
 def test_the_batch_must_split_evenly_over_workers():
@@ -288,13 +364,19 @@ def test_resources_give_workers_per_size_and_refuse_what_cannot_run(tmp_path):
     sized = {**SPEC, "resources": {"cpu": 1, "workers": 2,
                                    "by_size": [{"min_params": 10**6, "cpu": 2, "gpu": 1, "workers": 4}]}}
     resources = parse_spec(sized).resources
-    assert resources.for_params(10) == {"cpu": 1, "gpu": 0, "workers": 2}
-    assert resources.for_params(10**6) == {"cpu": 2, "gpu": 1, "workers": 4}
+    assert resources.for_params(10) == {"cpu": 1, "gpu": 0, "workers": 2, "sharding": "ddp"}
+    assert resources.for_params(10**6) == {"cpu": 2, "gpu": 1, "workers": 4, "sharding": "ddp"}
+    sharded = parse_spec({**SPEC, "resources": {"cpu": 1, "workers": 2, "by_size": [
+        {"min_params": 10**6, "cpu": 1, "workers": 4, "sharding": "fsdp"}]}}).resources
+    assert sharded.for_params(10)["sharding"] == "ddp" and sharded.for_params(10**6)["sharding"] == "fsdp"
+    assert sharded.sharding_at(10**6) == (("by_size", 0, "sharding"), "fsdp")
+    assert sharded.sharding_at(10) == (("sharding",), "ddp")
     with pytest.raises(SpecError, match=r"resources.by_size\[0\].workers: train.batch_size 4 does not split evenly "
                                         r"over 3 workers"):
         parse_spec({**SPEC, "resources": {"cpu": 1, "by_size": [{"min_params": 0, "cpu": 1, "workers": 3}]}})
-    with pytest.raises(SpecError, match=r"resources.sharding: 'fsdp' is not supported: only 'ddp'"):
+    with pytest.raises(SpecError, match=r"resources.sharding: fsdp needs workers >= 2"):
         parse_spec({**SPEC, "resources": {"cpu": 1, "sharding": "fsdp"}})
+    assert parse_spec({**SPEC, "resources": {"cpu": 1, "workers": 2, "sharding": "fsdp"}}).resources.sharding == "fsdp"
     too_big = parse_spec({**SPEC, "resources": {"cpu": 2, "workers": 4}})
     with pytest.raises(SpecError, match=r"needs cpu=8 gpu=0 \(all its workers\), but (this machine|the whole cluster) has cpu=2") as caught:
         run_sweep(too_big, expand(too_big), tmp_path, num_cpus=2)

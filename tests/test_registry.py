@@ -134,3 +134,41 @@ def test_a_new_optimizer_is_one_module(tmp_path):
     done = _run(code, [tmp_path, REPO])
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["nadam", "True"]
+
+
+SHARDABLE = ("adam", "sgd", "lion", "signsgd")
+
+
+def test_only_the_elementwise_optimisers_train_sharded_and_the_others_say_why():
+    assert tuple(n for n in optimizer_names() if OPTIMIZERS[n].shardable) == SHARDABLE
+    from study.optim.registry import sharding_problem
+
+    assert sharding_problem("adam") is None
+    assert sharding_problem("soap") == ("soap cannot train sharded (resources.sharding: fsdp): its preconditioner needs "
+                                        "whole matrices (Shampoo's eigenbases of G G^T and G^T G); use sharding: ddp")
+    for name in set(optimizer_names()) - set(SHARDABLE):
+        assert "\n" not in sharding_problem(name) and sharding_problem(name).endswith("use sharding: ddp")
+
+
+@pytest.mark.parametrize("name", [*SHARDABLE, "adafactor"])
+def test_a_shardable_optimiser_updates_a_matrix_split_in_two_rows_shards_as_it_updates_it_whole(name):
+    """What FSDP relies on: two row shards of a matrix, each stepped alone, end where the whole
+    matrix does. adafactor's factored moments (row and column means) do not, hence its refusal."""
+    import torch
+    from torch import nn
+
+    cfg = TrialConfig(model={"d_model": 32, "n_layers": 2, "n_heads": 2}, data={"seq_len": 16},
+                      optimizer={"name": name, "lr": 1e-2, "weight_decay": 0.1}, train={"steps": 3})
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(6, 4, generator=gen, dtype=torch.float64)
+    grads = [torch.randn(6, 4, generator=gen, dtype=torch.float64) for _ in range(3)]
+    whole, halves = nn.Module(), nn.Module()
+    whole.w = nn.Parameter(w.clone())
+    halves.top, halves.bottom = nn.Parameter(w[:3].clone()), nn.Parameter(w[3:].clone())
+    opts = [OPTIMIZERS[name].build(cfg, whole), OPTIMIZERS[name].build(cfg, halves)]
+    for g in grads:
+        whole.w.grad, halves.top.grad, halves.bottom.grad = g.clone(), g[:3].clone(), g[3:].clone()
+        for opt in opts:
+            opt.step()
+    same = torch.allclose(torch.cat([halves.top, halves.bottom]).detach(), whole.w.detach(), rtol=1e-12, atol=1e-14)
+    assert same == OPTIMIZERS[name].shardable

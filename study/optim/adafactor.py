@@ -24,4 +24,5 @@ def build(cfg: TrialConfig, model: nn.Module):
     return torch.optim.Adafactor(decay_groups(model, o.weight_decay), lr=o.lr, weight_decay=o.weight_decay)
 
 
-register(Optimizer("adafactor", order=6, family="per_coordinate", reads=("weight_decay",), build=build))
+register(Optimizer("adafactor", order=6, family="per_coordinate", reads=("weight_decay",), build=build,
+                   unshardable="its factored second moments average whole rows and columns of each matrix"))

@@ -65,4 +65,5 @@ register(Optimizer(
     columns=lambda o: {"momentum": o.muon_momentum, "nesterov": True},
     family_for=lambda o, norm: MUON_ENDS_FAMILY[o.muon_ends],
     field_checks={"muon_exclude": keeps_a_matrix},
+    unshardable="its Newton-Schulz orthogonalisation needs whole matrices",
 ))

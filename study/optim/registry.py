@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FAMILIES", "OPTIMIZERS", "OPTIMIZER_COLUMNS", "PER_COORDINATE_GAINS", "Optimizer",
-    "optimizer_family", "optimizer_names", "register", "runs_columns",
+    "optimizer_family", "optimizer_names", "register", "runs_columns", "sharding_problem",
 ]  # fmt: skip
 
 FAMILIES: dict[str, str] = {
@@ -75,6 +75,17 @@ class Optimizer:
     trial_check: Callable[[TrialConfig], tuple[str, str] | None] | None = None
     """A check of the whole trial, e.g. against the vocabulary: None, or (the field's place in
     the trial, "optimizer.rotate", and the message) for TrialConfig to raise as a FieldError."""
+    unshardable: str | None = None
+    """None when it trains FSDP-sharded parameters (each coordinate's update reads only that
+    coordinate's gradient and state, so a shard updates alone); else why not, one clause
+    ("its preconditioner needs whole matrices"). Such optimisers are refused under
+    `resources.sharding: fsdp` rather than gathering each matrix every step: that all-gather
+    costs a full copy of every matrix per step and gives back the memory sharding saved."""
+
+    @property
+    def shardable(self) -> bool:
+        """It can train under FSDP (`unshardable` is None)."""
+        return self.unshardable is None
 
 
 OPTIMIZERS: dict[str, Optimizer] = {}
@@ -109,3 +120,12 @@ def runs_columns(optimizer: OptimizerConfig) -> dict[str, Any]:
     row = {c: read(optimizer) if _COLUMN_FIELD.get(c, c) in entry.reads else None for c, read in OPTIMIZER_COLUMNS.items()}
     row.update(entry.columns(optimizer) if entry.columns else {})
     return row
+
+
+def sharding_problem(name: str, place: str = "resources.sharding") -> str | None:
+    """Why optimiser `name` cannot train FSDP-sharded (one line, naming the spec's `place` that asks
+    for fsdp), or None when it can."""
+    entry = OPTIMIZERS[name]
+    if entry.shardable:
+        return None
+    return f"{name} cannot train sharded ({place}: fsdp): {entry.unshardable}; use sharding: ddp"

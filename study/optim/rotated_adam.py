@@ -36,4 +36,5 @@ def check_vocab(cfg: TrialConfig) -> tuple[str, str] | None:
 
 
 register(Optimizer("rotated_adam", order=3, family="fixed_random_basis", reads=("betas", "eps", "weight_decay", "rotate"),
-                   build=build, trial_check=check_vocab))
+                   build=build, trial_check=check_vocab,
+                   unshardable="its moments live in a rotated basis that mixes every row and column of a matrix"))

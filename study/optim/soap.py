@@ -34,4 +34,5 @@ def family(o: OptimizerConfig, norm: str) -> str:
 register(Optimizer("soap", order=4, family="adaptive_basis",
                    reads=("betas", "eps", "weight_decay", "precondition_frequency", "shampoo_beta", "max_precond_dim",
                           "soap_vectors"),
-                   build=build, family_for=family))
+                   build=build, family_for=family,
+                   unshardable="its preconditioner needs whole matrices (Shampoo's eigenbases of G G^T and G^T G)"))
