@@ -104,3 +104,20 @@ def kill_own_worker():
                 self.after.append(result["step"])
 
     return KillOwnWorker()
+
+
+def kill_one_ray_train_worker() -> int | None:
+    """SIGKILL one Ray Train worker of this test's own Ray (a descendant of this process, never
+    anything else on the machine); returns its pid, or None when there is none."""
+    import signal
+
+    import psutil
+
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if "RayTrainWorker" in " ".join(proc.cmdline()):
+                os.kill(proc.pid, signal.SIGKILL)
+                return proc.pid
+        except psutil.Error:
+            continue
+    return None

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import kill_one_ray_train_worker
 from study import distributed
 from study.config import TrialConfig
 from study.train import MemorySink, StopTraining, train
@@ -281,23 +282,15 @@ class KillOneTrainWorker:
         self.thread.start()
 
     def _watch(self) -> None:
-        import signal
         import time
-
-        import psutil
 
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not (self.trial_dir / "checkpoint.pt").exists():
             time.sleep(0.05)
         self.kept = {p.name: p.stat().st_mtime_ns for p in self.curves.glob("*.parquet")}
-        for proc in psutil.Process().children(recursive=True):
-            try:
-                if "RayTrainWorker" in " ".join(proc.cmdline()):
-                    os.kill(proc.pid, signal.SIGKILL)
-                    self.killed.append(proc.pid)
-                    return
-            except psutil.Error:
-                continue
+        pid = kill_one_ray_train_worker()
+        if pid is not None:
+            self.killed.append(pid)
 
 
 @pytest.mark.slow

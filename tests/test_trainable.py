@@ -3,13 +3,12 @@ a real S3 API (moto's server, started and stopped by the conftest fixture), resu
 checkpoint it keeps in the bucket after one of its workers is killed, and reporting every eval
 to Tune while it trains."""
 
-import os
-import signal
 import threading
 import time
 
 import pytest
 
+from conftest import kill_one_ray_train_worker
 
 SPEC = {
     "name": "ddp_s3",
@@ -48,20 +47,14 @@ class KillOneTrainWorkerAfterTheStoredCheckpoint:
         self.thread.start()
 
     def _watch(self) -> None:
-        import psutil
         import pyarrow.fs as pafs
 
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline and self.fs.get_file_info(self.checkpoint).type != pafs.FileType.File:
             time.sleep(0.1)
-        for proc in psutil.Process().children(recursive=True):
-            try:
-                if "RayTrainWorker" in " ".join(proc.cmdline()):
-                    os.kill(proc.pid, signal.SIGKILL)
-                    self.killed.append(proc.pid)
-                    return
-            except psutil.Error:
-                continue
+        pid = kill_one_ray_train_worker()
+        if pid is not None:
+            self.killed.append(pid)
 
 
 def recorder():
