@@ -44,18 +44,25 @@ def layer_kurtosis(rows: list[dict]) -> dict[str, float]:
             if (r["site"], r["basis"], r["metric"]) == ("resid", "stored", "kurtosis")}
 
 
-class TuneSink(StoreSink):
-    """A StoreSink that also reports progress and checkpoints to Ray Tune."""
+class _RaySink(StoreSink):
+    """Rows to the store, each runs row naming its node; keeps each eval's per-layer kurtosis for
+    the progress report that follows it (the trackers chart it)."""
+
+    layer_kurtosis: dict[str, float] = {}
 
     def run(self, row: dict) -> None:
         super().run({**row, "node": node_label()})
 
     def metrics(self, rows: list[dict]) -> None:
         super().metrics(rows)
-        self.layer_kurtosis = layer_kurtosis(rows)  # rides in the eval's progress report
+        self.layer_kurtosis = layer_kurtosis(rows)
+
+
+class TuneSink(_RaySink):
+    """A StoreSink that also reports progress and checkpoints to Ray Tune."""
 
     def progress(self, info: dict) -> None:
-        tune.report({"trial_id": self.trial_id, **info, **getattr(self, "layer_kurtosis", {})})
+        tune.report({"trial_id": self.trial_id, **info, **self.layer_kurtosis})
 
     def checkpoint(self, step: int, directory: Path) -> None:
         tune.report({"trial_id": self.trial_id, "step": step, "checkpoint_step": step},
@@ -89,7 +96,7 @@ def train_trial(cfg: TrialConfig, store: ResultsStore, sink: StoreSink, resume_f
         raise
 
 
-class WorkerSink(StoreSink):
+class WorkerSink(_RaySink):
     """Rank 0's sink inside a Ray Train worker: rows to the store; each eval's progress to the
     trial's Tune driver through a Ray queue (the driver reports it, so the progress bar and the
     trackers see a multi-worker trial live); with a remote store, each checkpoint into the
@@ -99,16 +106,9 @@ class WorkerSink(StoreSink):
         super().__init__(store, trial_id)
         self.progress_queue = progress_queue
 
-    def run(self, row: dict) -> None:
-        super().run({**row, "node": node_label()})
-
-    def metrics(self, rows: list[dict]) -> None:
-        super().metrics(rows)
-        self.layer_kurtosis = layer_kurtosis(rows)
-
     def progress(self, info: dict) -> None:
         if self.progress_queue is not None:
-            self.progress_queue.put({"trial_id": self.trial_id, **info, **getattr(self, "layer_kurtosis", {})})
+            self.progress_queue.put({"trial_id": self.trial_id, **info, **self.layer_kurtosis})
 
     def checkpoint(self, step: int, directory: Path) -> None:
         self.store.put_checkpoint(self.trial_id, directory)
