@@ -75,7 +75,7 @@ from analysis.schema import (
     UNSUCCESSFUL,
     Status,
 )
-from analysis.selection import best_lr, best_lr_results, group_size_table, line_labels, onset, quant_penalty, versus
+from analysis.selection import best_lr, best_lr_results, group_size_table, line_labels, onset, quant_penalty, unrotated_table, versus
 
 if TYPE_CHECKING:  # seen by type checkers; imported on first use at run time
     from analysis import charts, report
@@ -143,6 +143,7 @@ __all__ = [
     "t_critical",
     "trial_label",
     "trial_labels",
+    "unrotated_table",
     "varying_axes",
     "versus",
     "with_ids",

@@ -13,7 +13,9 @@ from analysis.query_base import (
 )  # fmt: skip
 from analysis.queries import scale_table
 
-__all__ = ["best_lr", "best_lr_results", "group_size_table", "line_labels", "onset", "quant_penalty", "versus"]
+__all__ = [
+    "best_lr", "best_lr_results", "group_size_table", "line_labels", "onset", "quant_penalty", "unrotated_table", "versus",
+]
 
 
 def best_lr(
@@ -165,13 +167,7 @@ def group_size_table(
     size; ``shared``: n_layers), ``ends`` ("ends rotated" / "ends unrotated": the plan's
     ``embeddings``, read from the ``-noemb`` label) and ``site_name``. Rotations without a
     group size (``none``, ``independent``, ``groups``) are left out."""
-    from analysis.labels import SITE_NAMES
-
-    frames = []
-    for site, basis in sites:
-        t = scale_table(results, metric, site, basis, confidence=confidence, runs=runs, over_null=over_null)
-        frames.append(t.with_columns(site=pl.lit(site), site_name=pl.lit(SITE_NAMES.get((site, basis), site))))
-    out = pl.concat(frames, how="diagonal_relaxed")
+    out = _by_site(results, metric, sites, over_null=over_null, confidence=confidence, runs=runs)
     label = pl.col("rotation_label").cast(pl.String)
     out = out.filter(pl.col("rotation").is_in(["partial", "shared"])).with_columns(
         group_size_x=pl.when(pl.col("rotation") == "shared").then(pl.col("n_layers")).otherwise(pl.col("group_size")),
@@ -179,6 +175,37 @@ def group_size_table(
     )
     order = [c for c in SORT if c in out.collect_schema().names()]
     return out.sort([*order, "site", "group_size_x"], nulls_last=True)
+
+
+def unrotated_table(
+    results: Source,
+    metric: str = "kurtosis",
+    *,
+    sites: tuple[tuple[str, str], ...] = COMPUTATION_SITES,
+    over_null: bool = True,
+    confidence: float = 0.95,
+    runs: pl.LazyFrame | None = None,
+) -> pl.LazyFrame:
+    """``group_size_table``'s reference: the same sites and seed summary for the configs
+    trained without rotation (``rotation: none``, whose computation basis is the stored one),
+    one row per config and site with ``site_name``."""
+    out = _by_site(results, metric, sites, over_null=over_null, confidence=confidence, runs=runs)
+    order = [c for c in SORT if c in out.collect_schema().names()]
+    return out.filter(pl.col("rotation") == "none").sort([*order, "site"], nulls_last=True)
+
+
+def _by_site(
+    results: Source, metric: str, sites: tuple[tuple[str, str], ...], *,
+    over_null: bool, confidence: float, runs: pl.LazyFrame | None,
+) -> pl.LazyFrame:
+    """``scale_table`` at each (site, basis), stacked, with ``site`` and ``site_name``."""
+    from analysis.labels import SITE_NAMES
+
+    frames = []
+    for site, basis in sites:
+        t = scale_table(results, metric, site, basis, confidence=confidence, runs=runs, over_null=over_null)
+        frames.append(t.with_columns(site=pl.lit(site), site_name=pl.lit(SITE_NAMES.get((site, basis), site))))
+    return pl.concat(frames, how="diagonal_relaxed")
 
 
 def onset(

@@ -23,7 +23,7 @@ PUBLIC = [
     "fits_table", "group_size_table", "layer_profile", "line_labels", "load", "loss_table",
     "metric_over_training", "onset", "per_trial", "quant_penalty", "report", "rotation_label", "runs_table",
     "scale_table", "science_hash", "seed_exponents", "sql", "summarise", "t_critical", "trial_label",
-    "trial_labels", "varying_axes", "versus", "with_ids",
+    "trial_labels", "unrotated_table", "varying_axes", "versus", "with_ids",
 ]  # fmt: skip
 # the non-module, non-underscore names of dir(analysis) from the same dump, beyond PUBLIC
 # (the lazy "charts" and "report" are not attributes until first use)

@@ -336,6 +336,22 @@ def test_group_size_chart_shows_each_config_and_site(tmp_path: Path) -> None:
     assert "null 3(d−1)/(d+1)" in json.dumps(spec, ensure_ascii=False)
     _save_both(charts.kurtosis_vs_group_size(table), tmp_path / "sharing")
 
+    # the unrotated model as the reference: its largest-size rows in both panels, dotted over its band
+    none = selection.unrotated_table(load(s.path)).collect()
+    spec = charts.kurtosis_vs_group_size(table, baseline=none).to_dict()
+    drawn = {(r["site_name"], r["ends"], round(r["mean"], 9), round(r["ci_low"], 9))
+             for r in _rows(spec) if r["kind"] == "none"}  # fmt: skip
+    big = none.filter(pl.col("d_model") == 64)
+    assert big.height == 2 and none.height == 4  # (attention, MLP input) x 2 sizes
+    assert drawn == {(r["site_name"], ends, round(r["mean"], 9), round(r["ci_low"], 9))
+                     for r in big.iter_rows(named=True) for ends in ("ends rotated", "ends unrotated")}  # fmt: skip
+    plans = {(r["group_size_x"], r["site_name"], r["ends"], round(r["mean"], 9)) for r in _rows(spec) if r["kind"] == "plan"}
+    assert plans == want
+    marks = [(la["mark"]["type"], la["transform"][0].get("filter")) for la in spec["spec"]["layer"] if "transform" in la]
+    assert ("rect", "(datum.kind === 'none')") in marks and ("rule", "(datum.kind === 'none')") in marks
+    assert ("line", "(datum.kind === 'plan')") in marks
+    _save_both(charts.kurtosis_vs_group_size(table, baseline=none), tmp_path / "sharing_none")
+
 
 def test_slopes_chart_draws_each_fit_with_its_interval(tmp_path: Path) -> None:
     fits_table = pl.DataFrame({

@@ -370,6 +370,14 @@ def test_group_size_table_reads_group_sizes_and_ends(tmp_path) -> None:
     by_k = t.filter((pl.col("site") == "mlp_in") & (pl.col("ends") == "ends rotated")).sort("group_size_x")
     assert by_k.get_column("mean").is_sorted()  # the planted build-up with group size
 
+    base = selection.unrotated_table(r).collect()  # the reference: rotation none, same sites and summary
+    assert base.get_column("rotation_label").to_list() == ["none", "none"]
+    assert base.get_column("site").to_list() == ["attn_in", "mlp_in"]
+    for row in base.iter_rows(named=True):
+        raw = q.scale_table(r, "kurtosis", row["site"], "computation").collect()
+        want = raw.filter(pl.col("config_id") == row["config_id"]).get_column("mean")[0] / kurtosis_null(64)
+        assert row["mean"] == pytest.approx(want, rel=1e-12) and row["n"] == 2
+
 
 def test_stores_with_the_averaged_control_read_the_same(store) -> None:  # noqa: F811
     """Stores written after the probe averages the control over Haar bases carry a row metric

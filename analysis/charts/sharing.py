@@ -22,12 +22,16 @@ def kurtosis_vs_group_size(
     y_title: str = "Kurtosis / null 3(d−1)/(d+1)",
     reference: float | None = 1.0,
     title: str | None = "Shared bases and alignment",
+    baseline: pl.DataFrame | pl.LazyFrame | None = None,
     configure: bool = True,
 ) -> alt.TopLevelMixin:
     """Computation-basis kurtosis (from ``selection.group_size_table``) against the number of
     consecutive blocks sharing one basis: seed means with t-intervals, colour = optimiser,
     dash and marker = layer input (attention / MLP), one panel per ``ends`` (embeddings
-    rotated or not); a rule at ``reference`` (1 = the exact null for kurtosis / null)."""
+    rotated or not); a rule at ``reference`` (1 = the exact null for kurtosis / null).
+    ``baseline`` (from ``selection.unrotated_table``): the same model trained without
+    rotation, drawn in every panel as a dotted line per layer input at its seed mean over a
+    band of its interval, labelled "no rotation"."""
     df, size_note = pick_size(as_frame(table), size)
     df = df.with_columns(
         pl.col("group_size_x").cast(pl.Int64),
@@ -42,21 +46,31 @@ def kurtosis_vs_group_size(
     color = alt.Color("optimizer:N", scale=optimizer_scale(df.get_column("optimizer").to_list()),
                       title="Optimizer", legend=COLOR_LEGEND)  # fmt: skip
     sites = df.get_column("site_name").unique(maintain_order=True).to_list()
+    plan = alt.datum.kind == "plan"
     layers = [
         alt.Chart().mark_line(strokeWidth=1.4).encode(
             x=x, y=alt.Y("mean:Q", title=y_title, scale=y_scale), color=color, detail="config:N",
             strokeDash=alt.StrokeDash("site_name:N", title="Layer input", sort=sites, legend=None),
-            order=alt.Order("group_size_x:Q")),
-        alt.Chart().mark_rule(strokeWidth=1.2).encode(x=x, y=alt.Y("ci_low:Q", scale=y_scale), y2="ci_high:Q", color=color),
+            order=alt.Order("group_size_x:Q")).transform_filter(plan),
+        alt.Chart().mark_rule(strokeWidth=1.2).encode(
+            x=x, y=alt.Y("ci_low:Q", scale=y_scale), y2="ci_high:Q", color=color).transform_filter(plan),
         alt.Chart().mark_point(filled=True, size=34, opacity=1).encode(
             x=x, y=alt.Y("mean:Q", scale=y_scale), color=color,
             shape=alt.Shape("site_name:N", title="Layer input", sort=sites),
-            tooltip=tooltip(df, ["optimizer", "rotation_label", "site_name", "group_size_x", "mean", "ci_low", "ci_high", "n"])),
+            tooltip=tooltip(df, ["optimizer", "rotation_label", "site_name", "group_size_x", "mean", "ci_low", "ci_high", "n"]),
+        ).transform_filter(plan),
     ]  # fmt: skip
+    keep = ["group_size_x", "mean", "ci_low", "ci_high", "n", "optimizer", "rotation_label", "site_name", "config", "ends"]
+    data = df.select([c for c in keep if c in df.columns]).with_columns(kind=pl.lit("plan"))
+    if baseline is not None:
+        none = _same_size(as_frame(baseline), df)
+        if none.height:
+            layers += _unrotated_layers(y_scale, color, sites, PANEL_WIDTH + 40 if data.get_column("ends").n_unique() > 1 else WIDTH)
+            ends = data.select("ends").unique()
+            none = none.select([c for c in keep if c in none.columns and c != "ends"]).join(ends, how="cross")
+            data = pl.concat([data, none.with_columns(kind=pl.lit("none"))], how="diagonal_relaxed")
     if reference is not None:
         layers += [reference_rule(reference), reference_label(reference, NULL_LABEL)]
-    keep = ["group_size_x", "mean", "ci_low", "ci_high", "n", "optimizer", "rotation_label", "site_name", "config", "ends"]
-    data = df.select([c for c in keep if c in df.columns])
     panels = data.get_column("ends").n_unique() > 1
     base = alt.layer(*layers, data=data).properties(
         width=PANEL_WIDTH + 40 if panels else WIDTH, height=PANEL_HEIGHT + 30 if panels else HEIGHT
@@ -65,6 +79,33 @@ def kurtosis_vs_group_size(
     note = f"; {size_note}" if size_note else ""
     chart = chart.properties(title=alt.TitleParams(title or "", subtitle=[f"mean over blocks, seed means with t-intervals{note}"]))
     return apply_theme(chart) if configure else chart
+
+
+def _same_size(baseline: pl.DataFrame, table: pl.DataFrame) -> pl.DataFrame:
+    """The baseline rows of the model shape(s), optimisers and norms the chart shows."""
+    both = [c for c in baseline.columns if c in table.columns]
+    shape = [c for c in ("d_model", "n_layers") if c in both] or [c for c in ("params_non_embedding",) if c in both]
+    keys = shape + [c for c in ("optimizer", "norm") if c in both]
+    return baseline.join(table.select(keys).unique(), on=keys, how="semi", nulls_equal=True) if keys else baseline
+
+
+def _unrotated_layers(y_scale: alt.Scale, color: alt.Color, sites: list[str], width: int) -> list[alt.Chart]:
+    """The no-rotation reference: its interval as a faint band, its mean as a dotted line per
+    layer input, and a label at the panel's right edge."""
+    none = alt.datum.kind == "none"
+    return [
+        alt.Chart().mark_rect(opacity=0.08).encode(
+            y=alt.Y("ci_low:Q", scale=y_scale), y2="ci_high:Q", color=color).transform_filter(none),
+        alt.Chart().mark_rule(strokeWidth=1.2, strokeDash=[1, 3]).encode(
+            y=alt.Y("mean:Q", scale=y_scale), color=color, detail="site_name:N",
+            tooltip=[alt.Tooltip("optimizer:N"), alt.Tooltip("site_name:N", title="layer input"),
+                     alt.Tooltip("mean:Q", format=".3f"), alt.Tooltip("ci_low:Q", format=".3f"),
+                     alt.Tooltip("ci_high:Q", format=".3f"), alt.Tooltip("n:Q", title="seeds")],
+        ).transform_filter(none),
+        alt.Chart().mark_text(align="right", dx=-3, dy=-5, fontSize=8).encode(
+            x=alt.value(width), y=alt.Y("mean:Q", scale=y_scale), color=color, text=alt.value("no rotation"),
+        ).transform_filter(none).transform_filter(alt.datum.site_name == sites[0]),
+    ]  # fmt: skip
 
 
 def slopes(

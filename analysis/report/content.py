@@ -215,12 +215,14 @@ def build(
             gt = selection.group_size_table(main, sites=comp_sites, confidence=confidence).collect()
             if gt.get_column("group_size_x").n_unique() >= 2:
                 say("kurtosis against group size")
+                none = selection.unrotated_table(main, sites=comp_sites, confidence=confidence).collect()
                 built["kurtosis_vs_group_size"] = (
-                    charts.kurtosis_vs_group_size(gt),
+                    charts.kurtosis_vs_group_size(gt, baseline=none),
                     "Kurtosis of the attention / MLP inputs in their computation basis over the exact null "
                     "3(d−1)/(d+1) (mean over blocks) against the number of consecutive blocks that share one "
                     "basis (partial(k); shared = every block), ends rotated or not (embeddings: false); "
-                    f"largest model; {shown}; seed means with {confidence:.0%} t-intervals.",
+                    f"largest model; {shown}; seed means with {confidence:.0%} t-intervals. Dotted over a "
+                    "faint band: the same model trained without rotation, where the sweep has it.",
                 )
         quant = sorted(b for s_, b, m in have if m == "quant_loss_delta" and s_ == "model")
         if not quant:
