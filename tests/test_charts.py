@@ -353,6 +353,21 @@ def test_group_size_chart_shows_each_config_and_site(tmp_path: Path) -> None:
     _save_both(charts.kurtosis_vs_group_size(table, baseline=none), tmp_path / "sharing_none")
 
 
+def test_every_line_variant_gets_its_own_dash(tmp_path: Path) -> None:
+    """Six rotation plans drawn as line variants: six distinct stroke patterns (the scale used
+    to run out after four, drawing `none` and the fifth plan both solid)."""
+    from synthetic_store import write_store
+
+    rots = ["none", "shared", "independent", ("partial", 1), ("partial", 2), ("partial", 1, False)]
+    s = write_store(tmp_path, name="dashes", sizes=(32,), n_layers=4, optimizers=("adam",), seeds=(0,),
+                    rotations=rots, steps=(0, 10), sharing=True, quant=False)  # fmt: skip
+    prof = queries.layer_profile(load(s.path), "kurtosis").collect()
+    spec = charts.kurtosis_by_layer(prof, facet=None).to_dict()
+    dash = next(la["encoding"]["strokeDash"] for la in spec["layer"] if "strokeDash" in la.get("encoding", {}))
+    domain, patterns = dash["scale"]["domain"], dash["scale"]["range"]
+    assert len(domain) == 6 and len({tuple(p) for p in patterns}) == 6
+
+
 def test_slopes_chart_draws_each_fit_with_its_interval(tmp_path: Path) -> None:
     fits_table = pl.DataFrame({
         "fit": ["kurtosis / null 3(d−1)/(d+1), MLP input (mean over blocks)"] * 2

@@ -12,7 +12,7 @@ import polars as pl
 
 from analysis.charts.frames import slim, variant_order, variant_title, varies, rotation_sort, size_sort, tooltip
 from analysis.charts.style import (
-    COLOR_LEGEND, DASH_LEGEND, DASHES, FAMILY_ORDER, HEIGHT, PANEL_HEIGHT, PANEL_WIDTH, SI_LABEL, WIDTH,
+    COLOR_LEGEND, DASH_LEGEND, FAMILY_ORDER, HEIGHT, PANEL_HEIGHT, PANEL_WIDTH, SI_LABEL, WIDTH, dashes,
     optimizer_scale,
 )  # fmt: skip
 
@@ -71,7 +71,7 @@ def lines_with_band(
             "variant:N",
             title=variant_title(df),
             sort=order,
-            scale=alt.Scale(domain=order, range=(DASHES * 3)[: len(order)]),
+            scale=alt.Scale(domain=order, range=dashes(len(order))),
             legend=DASH_LEGEND,
         )
     tip = tooltip(df, ["optimizer", "variant", "size", x, "mean", "ci_low", "ci_high", "n"])

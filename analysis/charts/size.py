@@ -14,7 +14,7 @@ from analysis.charts.layers import (
     y_scale_for,
 )  # fmt: skip
 from analysis.charts.style import (
-    AXIS_TITLES, COLOR_LEGEND, DASHES, REFERENCES, apply_theme, metric_title, optimizer_scale,
+    AXIS_TITLES, COLOR_LEGEND, REFERENCES, apply_theme, dashes, metric_title, optimizer_scale,
 )  # fmt: skip
 
 __all__ = ["loss_vs_params", "metric_vs_params"]
@@ -119,7 +119,7 @@ def scaling(
             "variant:N",
             title=title,
             sort=order,
-            scale=alt.Scale(domain=order, range=(DASHES * 3)[: len(order)]),
+            scale=alt.Scale(domain=order, range=dashes(len(order))),
             legend=None,
         )
     is_point = alt.datum.kind == "point"

@@ -14,7 +14,7 @@ __all__ = [
     "AXIS_TITLES", "COLOR_LEGEND", "DASHES", "DASH_LEGEND", "FAMILY_ORDER", "FONT", "HEIGHT",
     "MAX_EVALS", "METRIC_TITLES", "OKABE_ITO", "OPTIMIZER_COLORS", "PANEL_HEIGHT", "PANEL_WIDTH",
     "REFERENCES", "ROTATION_ORDER", "SERIES_ORDER", "SHAPES", "SI_LABEL", "SITE_NAMES", "SizeChoice",
-    "WIDTH", "apply_theme", "format_count", "metric_title", "optimizer_scale", "paper_theme",
+    "WIDTH", "apply_theme", "dashes", "format_count", "metric_title", "optimizer_scale", "paper_theme",
     "register_theme",
 ]  # fmt: skip
 
@@ -169,7 +169,12 @@ def format_count(n: float | None) -> str:
 
 SERIES_ORDER = list(BASIS_SERIES.values())  # basis_comparison's legend, in this order
 SHAPES = ["circle", "triangle-up", "square", "diamond"]
-DASHES = [[1, 0], [2, 2], [6, 3], [8, 2, 2, 2]]
+DASHES = [[1, 0], [2, 2], [6, 3], [8, 2, 2, 2], [1, 4], [12, 4], [4, 2, 1, 2, 1, 2], [12, 2, 2, 2, 2, 2]]
+
+
+def dashes(n: int) -> list[list[int]]:
+    """``n`` stroke patterns, distinct up to len(DASHES) (8); past that they repeat."""
+    return [DASHES[i % len(DASHES)] for i in range(n)]
 ROTATION_ORDER = ["none", "shared", "partial", "groups", "independent"]
 COLOR_LEGEND = alt.Legend(symbolOpacity=1, symbolType="circle")
 DASH_LEGEND = alt.Legend(symbolType="stroke", symbolStrokeColor="#333333", symbolSize=300)

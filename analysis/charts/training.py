@@ -12,7 +12,7 @@ from analysis.charts.layers import (
     assemble, chart_title, lines_with_band, null_rule, panel_width, reference_rule, y_scale_for,
 )  # fmt: skip
 from analysis.charts.style import (
-    AXIS_TITLES, DASHES, PANEL_HEIGHT, REFERENCES, SERIES_ORDER, SHAPES, SizeChoice, apply_theme,
+    AXIS_TITLES, PANEL_HEIGHT, REFERENCES, SERIES_ORDER, SHAPES, SizeChoice, apply_theme, dashes,
     metric_title, optimizer_scale,
 )  # fmt: skip
 
@@ -151,7 +151,7 @@ def basis_comparison(
             "series:N",
             title="Activations",
             sort=order,
-            scale=alt.Scale(domain=order, range=DASHES[: len(order)]),
+            scale=alt.Scale(domain=order, range=dashes(len(order))),
             legend=alt.Legend(columns=2, symbolType="stroke", symbolStrokeColor="#333333"),
         ),
     }
