@@ -218,11 +218,22 @@ def runs_table(results: Source, status: str | None = "done") -> pl.LazyFrame:
     return prepare_runs(runs)
 
 
+# the statements Polars SQL runs that change its context (it refuses INSERT, UPDATE, ALTER itself)
+_CHANGES = {"CREATE", "DELETE", "DROP", "TRUNCATE"}
+
+
 def sql(results: Results | str | os.PathLike[str], query: str) -> pl.DataFrame:
     """Run a Polars SQL ``query`` over the tables ``runs``, ``metrics``, ``curves``,
     ``checks`` (and ``done_runs``, the runs with status done). ``results`` is a ``Results``
     or a path to load. Errors (bad SQL, unknown table or column) raise ``QueryError``
-    naming the tables and their columns."""
+    naming the tables and their columns; a statement that would change a table (DROP, CREATE,
+    DELETE, ...) raises ``QueryError``: the tables are read-only views of the store."""
+    verb = query.lstrip(" \t\r\n(").split(None, 1)[0].upper() if query.strip(" \t\r\n(") else ""
+    if verb in _CHANGES:
+        raise QueryError(
+            f"query failed: {verb} changes nothing here: the tables are read-only views of the store; "
+            "read them with SELECT (or WITH ... SELECT)"
+        )
     if not isinstance(results, Results):
         results = load(results)
     frames = {**results.tables(), "done_runs": results.done_runs()}

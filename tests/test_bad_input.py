@@ -510,6 +510,7 @@ CLI_CASES = {  # id -> (argv given the input folder, what the message must say)
     "tokens-zero": (lambda d: PREPARE + [f"{d}/src.txt", "--tokens", "0"], ["--tokens 0: must be > 0"]),
     "query-copy": (lambda d: ["query", "SWEEP", "COPY runs TO 'x.csv'"], ["statement type is not supported: Copy"]),
     "query-insert": (lambda d: ["query", "SWEEP", "INSERT INTO runs VALUES (1)"], ["statement type is not supported: Insert"]),
+    "query-drop": (lambda d: ["query", "SWEEP", "DROP TABLE runs"], ["DROP changes nothing here", "read-only views"]),
     "query-syntax": (lambda d: ["query", "SWEEP", "SELEC 1"], ["sql parser error", "SELEC"]),
     "query-unknown-table": (lambda d: ["query", "SWEEP", "SELECT * FROM nope"], ["nope"]),
     "query-unknown-column": (lambda d: ["query", "SWEEP", "SELECT nope FROM runs"], ["nope"]),

@@ -190,6 +190,11 @@ def test_sql_errors_name_tables_and_columns(hand: Path) -> None:
     assert "Resolved plan" not in msg
     with pytest.raises(ValueError):
         q.sql(load(hand), "SELEKT nonsense")
+    for statement in ("DROP TABLE runs", "  delete from metrics", "CREATE TABLE x AS SELECT * FROM runs",
+                      "TRUNCATE TABLE curves"):  # fmt: skip
+        with pytest.raises(q.QueryError, match="read-only views of the store"):
+            q.sql(hand, statement)
+    assert q.sql(hand, "SELECT count(*) AS n FROM runs").item() == 4  # nothing dropped
 
 
 def test_synthetic_store_queries_are_consistent(store) -> None:  # noqa: F811
