@@ -1,0 +1,117 @@
+"""Summary of a families sweep (issue 17, the headline with intervals): each optimiser at its best
+lr per width (``analysis.selection.best_lr``: the sgd ladder's pick), the final-step kurtosis of
+the residual stream (stored basis) and of the MLP input (computation basis), mean over blocks,
+over the exact null 3(d-1)/(d+1); the slope of log(kurtosis / null) against log(non-embedding
+params) per optimiser; and the differences between optimiser families.
+
+Slopes: one least-squares slope per seed over the widths that seed has; the interval is a 95%
+t-interval over seeds (with one seed: the fit's own t-interval over the widths, marked).
+Family differences: the mean slope of one family's (optimiser, seed) slopes minus another's,
+Welch t-interval. Usage: python docs/scripts/families_summary.py RESULTS/SWEEP"""
+import sys
+
+import numpy as np
+import polars as pl
+from scipy import stats
+
+from analysis.selection import best_lr
+from resultstore.reader import load
+
+SITES = {("resid", "stored"): "residual", ("mlp_in", "computation"): "MLP input"}
+ORDER = ["adam", "adafactor", "lion", "rotated_adam", "soap", "sgd", "muon"]
+
+results = load(sys.argv[1])
+chosen = best_lr(results).select("config_id")
+runs = (results.runs.collect().filter(pl.col("status") == "done").join(chosen, on="config_id", how="semi")
+        .select("trial_id", "optimizer", "optimizer_family", "lr", "d_model", "params_non_embedding",
+                "seed", "steps", "final_val_loss"))
+m = results.metrics.collect().join(runs, on="trial_id")
+fin = m.filter(pl.col("step") == pl.col("steps"), pl.col("metric") == "kurtosis", pl.col("layer") > 0,
+               pl.struct("site", "basis").is_in([{"site": s, "basis": b} for s, b in SITES]))
+per_trial = fin.group_by("trial_id", "site", "basis").agg(pl.col("value").mean()).join(runs, on="trial_id").with_columns(
+    over_null=pl.col("value") / (3 * (pl.col("d_model") - 1) / (pl.col("d_model") + 1)))
+
+
+def interval(x: np.ndarray, digits: int = 2) -> str:
+    if len(x) < 2:
+        return f"{x.mean():.{digits}f} (one seed)"
+    half = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))
+    return f"{x.mean():.{digits}f} ± {half:.{digits}f}"
+
+
+def rank(o: str) -> int:
+    return ORDER.index(o) if o in ORDER else len(ORDER)
+
+
+optimisers = sorted(runs["optimizer"].unique().to_list(), key=rank)
+widths = sorted(runs["d_model"].unique().to_list())
+print(f"{runs.height} done trials at their best lr; final step; mean ± 95% t half-width over seeds")
+for (site, basis), name in SITES.items():
+    rows = []
+    for o in optimisers:
+        row = {"optimizer": o}
+        for d in widths:
+            cell = per_trial.filter(pl.col("optimizer") == o, pl.col("d_model") == d, pl.col("site") == site)
+            row[f"d={d}"] = interval(cell["over_null"].to_numpy()) if cell.height else "-"
+        rows.append(row)
+    print(f"\nkurtosis / null, {name} ({basis} basis), mean over blocks")
+    with pl.Config(tbl_rows=50, tbl_cols=20, tbl_width_chars=200, fmt_str_lengths=30):
+        print(pl.DataFrame(rows))
+loss_rows = []
+for o in optimisers:
+    row = {"optimizer": o}
+    for d in widths:
+        cell = runs.filter(pl.col("optimizer") == o, pl.col("d_model") == d)
+        row[f"d={d}"] = (interval(cell["final_val_loss"].to_numpy(), 3) + f" @ lr {cell['lr'][0]:g}") if cell.height else "-"
+    loss_rows.append(row)
+print("\nfinal val loss (lr = the best lr at that width)")
+with pl.Config(tbl_rows=50, tbl_cols=20, tbl_width_chars=200, fmt_str_lengths=40):
+    print(pl.DataFrame(loss_rows))
+
+
+def seed_slopes(frame: pl.DataFrame) -> list[tuple[float, float, int]]:
+    """(slope, its standard error, n widths) per seed with 2+ widths."""
+    out = []
+    for _, g in frame.group_by("seed"):
+        if g.height < 2:
+            continue
+        fit = stats.linregress(np.log(g["params_non_embedding"].to_numpy()), np.log(g["over_null"].to_numpy()))
+        out.append((fit.slope, fit.stderr if g.height > 2 else float("nan"), g.height))
+    return out
+
+
+for (site, basis), name in SITES.items():
+    sub = per_trial.filter(pl.col("site") == site)
+    print(f"\nslope of log(kurtosis / null) against log(non-embedding params), {name}")
+    slopes: dict[str, list[float]] = {}
+    family: dict[str, str] = {}
+    for o in optimisers:
+        cell = sub.filter(pl.col("optimizer") == o)
+        family[o] = cell["optimizer_family"][0]
+        fits = seed_slopes(cell)
+        if not fits:
+            continue
+        slopes[o] = [s for s, _, _ in fits]
+        if len(fits) == 1:
+            s, se, n = fits[0]
+            half = stats.t.ppf(0.975, n - 2) * se if n > 2 else float("nan")
+            print(f"  {o:<13} {family[o]:<22} {s:+.3f} ± {half:.3f}   (one seed: the fit's interval over {n} widths)")
+        else:
+            x = np.asarray(slopes[o])
+            half = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))
+            p = stats.ttest_1samp(x, 0).pvalue
+            print(f"  {o:<13} {family[o]:<22} {x.mean():+.3f} ± {half:.3f}   ({len(x)} seeds; p(slope = 0) = {p:.2g})")
+    fams = sorted({family[o] for o in slopes}, key=lambda f: min(rank(o) for o in slopes if family[o] == f))
+    pooled = {f: np.concatenate([slopes[o] for o in slopes if family[o] == f]) for f in fams}
+    print("  family differences (mean of the family's (optimiser, seed) slopes; Welch 95% interval):")
+    for i, a in enumerate(fams):
+        for b in fams[i + 1:]:
+            xa, xb = pooled[a], pooled[b]
+            diff = xa.mean() - xb.mean()
+            if len(xa) < 2 or len(xb) < 2:
+                print(f"    {a} - {b}: {diff:+.3f} (too few slopes for an interval)")
+                continue
+            va, vb = xa.var(ddof=1) / len(xa), xb.var(ddof=1) / len(xb)
+            dof = (va + vb) ** 2 / (va**2 / (len(xa) - 1) + vb**2 / (len(xb) - 1)) if va + vb > 0 else 1
+            half = stats.t.ppf(0.975, dof) * np.sqrt(va + vb)
+            print(f"    {a} - {b}: {diff:+.3f} [{diff - half:+.3f}, {diff + half:+.3f}]  (n {len(xa)} vs {len(xb)})")
