@@ -6,8 +6,9 @@ params) per optimiser; and the differences between optimiser families.
 
 Slopes: one least-squares slope per seed over the widths that seed has; the interval is a 95%
 t-interval over seeds (with one seed: the fit's own t-interval over the widths, marked).
-Family differences: the mean slope of one family's (optimiser, seed) slopes minus another's,
-Welch t-interval. Usage: python docs/scripts/families_summary.py RESULTS/SWEEP"""
+Family differences: a family's slope is the mean of its optimisers' mean slopes (the family as
+exactly these optimisers); the difference between two families gets a Welch-Satterthwaite
+t-interval from the optimisers' seed variances. Usage: python docs/scripts/families_summary.py RESULTS/SWEEP"""
 import sys
 
 import numpy as np
@@ -102,16 +103,17 @@ for (site, basis), name in SITES.items():
             p = stats.ttest_1samp(x, 0).pvalue
             print(f"  {o:<13} {family[o]:<22} {x.mean():+.3f} ± {half:.3f}   ({len(x)} seeds; p(slope = 0) = {p:.2g})")
     fams = sorted({family[o] for o in slopes}, key=lambda f: min(rank(o) for o in slopes if family[o] == f))
-    pooled = {f: np.concatenate([slopes[o] for o in slopes if family[o] == f]) for f in fams}
-    print("  family differences (mean of the family's (optimiser, seed) slopes; Welch 95% interval):")
+    members = {f: [o for o in slopes if family[o] == f] for f in fams}
+    print("  family differences (each family: the mean of its optimisers' mean slopes; Welch-Satterthwaite 95%):")
     for i, a in enumerate(fams):
         for b in fams[i + 1:]:
-            xa, xb = pooled[a], pooled[b]
-            diff = xa.mean() - xb.mean()
-            if len(xa) < 2 or len(xb) < 2:
-                print(f"    {a} - {b}: {diff:+.3f} (too few slopes for an interval)")
+            parts = [(1 / len(members[a]), o) for o in members[a]] + [(-1 / len(members[b]), o) for o in members[b]]
+            diff = sum(w * np.mean(slopes[o]) for w, o in parts)
+            if any(len(slopes[o]) < 2 for _, o in parts):
+                print(f"    {a} - {b}: {diff:+.3f} (one seed somewhere: no interval)")
                 continue
-            va, vb = xa.var(ddof=1) / len(xa), xb.var(ddof=1) / len(xb)
-            dof = (va + vb) ** 2 / (va**2 / (len(xa) - 1) + vb**2 / (len(xb) - 1)) if va + vb > 0 else 1
-            half = stats.t.ppf(0.975, dof) * np.sqrt(va + vb)
-            print(f"    {a} - {b}: {diff:+.3f} [{diff - half:+.3f}, {diff + half:+.3f}]  (n {len(xa)} vs {len(xb)})")
+            v = [(w**2) * np.var(slopes[o], ddof=1) / len(slopes[o]) for w, o in parts]
+            dof = sum(v) ** 2 / sum(vi**2 / (len(slopes[o]) - 1) for vi, (_, o) in zip(v, parts)) if sum(v) > 0 else 1
+            half = stats.t.ppf(0.975, dof) * np.sqrt(sum(v))
+            print(f"    {a} - {b}: {diff:+.3f} [{diff - half:+.3f}, {diff + half:+.3f}]  "
+                  f"({'+'.join(members[a])} vs {'+'.join(members[b])})")
