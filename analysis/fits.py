@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -17,8 +18,10 @@ from analysis.power_law import ExponentComparison, PowerLawFit, fit_power_law
 
 __all__ = [
     "ExponentComparison",
+    "FamilyComparison",
     "PowerLawFit",
     "compare_exponents",
+    "compare_families",
     "fit_curves",
     "fit_each",
     "fit_groups",
@@ -279,6 +282,57 @@ def compare_exponents(
         n_boot=int(d.size),
         method=method,
     )
+
+
+@dataclass(frozen=True)
+class FamilyComparison:
+    """Family b's exponent minus family a's (``compare_families``), with its interval and a
+    two-sided p for "no difference"; NaN with ``method`` saying why where there is no test."""
+
+    difference: float
+    difference_ci: tuple[float, float]
+    p_value: float
+    method: str
+
+
+def compare_families(
+    a: Sequence[PowerLawFit], b: Sequence[PowerLawFit], confidence: float = 0.95
+) -> FamilyComparison:
+    """Does family b's exponent differ from family a's? A family is exactly the lines given
+    (e.g. adam, adafactor and lion for the per-coordinate family; a fixed-effect contrast):
+    its exponent is the mean of its lines' mean per-seed exponents, so each optimiser counts
+    once however many seeds it has. The variance sums each line's sem² times its weight²
+    (1 / the family's line count); the t-interval takes Welch-Satterthwaite degrees of
+    freedom. Needs 2+ seeds on every line (seeds are the replicates)."""
+    from scipy import stats
+
+    if not a or not b:
+        raise ValueError("compare_families: each family needs at least one fitted line")
+    parts = [(1 / len(a), f) for f in a] + [(-1 / len(b), f) for f in b]
+    difference = -sum(w * _seed_mean(f) for w, f in parts)  # b - a
+    few = [f for _, f in parts if f.seed_exponents.size < 2]
+    if few:
+        return FamilyComparison(
+            difference, (math.nan, math.nan), math.nan,
+            f"no interval: {len(few)} line(s) with fewer than 2 seeds ({_replicates(few[0])})",
+        )  # fmt: skip
+    terms = [(w * w) * float(np.var(f.seed_exponents, ddof=1)) / f.seed_exponents.size for w, f in parts]
+    var = sum(terms)
+    if var == 0:
+        return FamilyComparison(difference, (difference, difference), 0.0 if difference else 1.0,
+                                "no spread over seeds on any line: nothing to test")  # fmt: skip
+    df = var**2 / sum(t * t / (f.seed_exponents.size - 1) for t, (_, f) in zip(terms, parts, strict=True))
+    half = float(stats.t.ppf((1 + confidence) / 2, df)) * math.sqrt(var)
+    p = float(2 * stats.t.sf(abs(difference) / math.sqrt(var), df))
+    lines = f"{len(a)} vs {len(b)} optimiser(s)"
+    return FamilyComparison(difference, (difference - half, difference + half), p,
+                            f"Welch-Satterthwaite t over seeds, {lines} (df {df:.1f})")  # fmt: skip
+
+
+def _seed_mean(fit: PowerLawFit) -> float:
+    """A line's exponent as the family contrast counts it: the mean of its per-seed exponents
+    (its pooled exponent with one seed)."""
+    return float(fit.seed_exponents.mean()) if fit.seed_exponents.size else float(fit.exponent)
 
 
 # ---------------------------------------------------------------- internals

@@ -43,7 +43,8 @@ def test_writes_every_chart_table_and_index(report, store) -> None:  # noqa: F81
     names = {p.name for p in out.iterdir()}
     for chart in CHARTS:
         assert {f"{chart}.svg", f"{chart}.png"} <= names, chart
-    assert {"fits.csv", "fits.md", "fits.tex", "comparisons.csv", "index.html", "best_lr.csv", "onset.csv"} <= names
+    assert {"fits.csv", "fits.md", "fits.tex", "comparisons.csv", "family_comparisons.csv", "index.html",
+            "best_lr.csv", "onset.csv"} <= names  # fmt: skip
     assert set(rep.charts) == CHARTS
     assert all(Path(f).exists() for f in rep.files)
     assert not any(n.startswith(".") for n in names)  # no temp files left behind
@@ -91,6 +92,42 @@ def test_fits_table_holds_the_known_exponent(report, store) -> None:  # noqa: F8
     assert raw["a"].startswith("sgd") and raw["b"].startswith("adam")
     assert raw["difference_low"] > 0 and raw["p_value"] < 0.05
     assert raw["method"].startswith("Welch t over seeds")
+
+
+def test_family_differences_count_each_optimiser_once(tmp_path: Path) -> None:
+    """adam and lion (per coordinate) against sgd (rotation equivariant), 3 seeds: one row per
+    fit, the per-coordinate exponent the mean of adam's and lion's per-seed means, by hand from
+    the stored rows; with its interval in fits.md, index.html and family_comparisons.csv."""
+    import numpy as np
+    from synthetic_store import write_store
+
+    from analysis import queries
+    from analysis.load import load
+
+    s = write_store(tmp_path, name="fam", optimizers=("adam", "lion", "sgd"), exponents={"lion": 0.6},
+                    steps=(0, 10), quant=False, seed=3)  # fmt: skip
+    specs = (FitSpec("kurtosis", over_null=True, chart=False),)
+    rep = write_report(s.path, tmp_path / "rep", formats=("svg",), fit_specs=specs, n_boot=20)
+    assert rep.family_comparisons.height == 1
+    row = rep.family_comparisons.row(0, named=True)
+    assert (row["family_a"], row["optimizers_a"]) == ("rotation_equivariant", "sgd")
+    assert (row["family_b"], row["optimizers_b"]) == ("per_coordinate", "adam + lion")
+    per = queries.per_trial(load(s.path), "kurtosis", over_null=True).collect()
+
+    def mean_slope(opt: str) -> float:
+        mine = per.filter(pl.col("optimizer") == opt)
+        return float(np.mean([np.polyfit(np.log(g["params_non_embedding"].to_numpy()), np.log(g["value"].to_numpy()), 1)[0]
+                              for _, g in mine.group_by("seed")]))  # fmt: skip
+
+    want = (mean_slope("adam") + mean_slope("lion")) / 2 - mean_slope("sgd")
+    assert row["difference"] == pytest.approx(want, rel=1e-9)
+    assert row["difference_low"] < want < row["difference_high"] and row["difference_low"] > 0
+    assert row["method"].startswith("Welch-Satterthwaite t over seeds, 1 vs 2 optimiser(s)")  # a; b
+    md = (Path(rep.out) / "fits.md").read_text()
+    assert "# Family differences (b − a)" in md and "per_coordinate (adam + lion)" in md
+    assert "Family differences" in (Path(rep.out) / "index.html").read_text()
+    csv = pl.read_csv(Path(rep.out) / "family_comparisons.csv")
+    assert csv.get_column("difference").to_list() == pytest.approx([want], rel=1e-9)
 
 
 def test_control_excess_keeps_fits_that_offset_3_loses(tmp_path: Path) -> None:

@@ -6,7 +6,8 @@ load -> ``content.build`` (best lr, queries, power-law fits, charts) ->
 ``render`` (tables, chart files, index page) -> written here as ``<chart>.<fmt>``
 for each format (svg / png / pdf through vl-convert, html self-contained, json = the
 Vega-Lite spec), a fits table (``fits.csv``, ``fits.md``, ``fits.tex``), slope comparisons
-(``comparisons.csv``), ``best_lr.csv``, the fitted best lr against size (``lr_fit.csv``,
+between optimisers (``comparisons.csv``) and between optimiser families
+(``family_comparisons.csv``), ``best_lr.csv``, the fitted best lr against size (``lr_fit.csv``,
 where lr ladders ran at 2+ sizes), ``onset.csv`` and ``index.html``: one self-contained
 page with every chart inlined as SVG, the tables, the invariance checks and the failed trials.
 
@@ -53,6 +54,7 @@ class ReportResult:
     fits: pl.DataFrame = field(default_factory=pl.DataFrame)
     skipped: pl.DataFrame = field(default_factory=pl.DataFrame)
     comparisons: pl.DataFrame = field(default_factory=pl.DataFrame)
+    family_comparisons: pl.DataFrame = field(default_factory=pl.DataFrame)
     best_lr: pl.DataFrame = field(default_factory=pl.DataFrame)
     lr_fit: pl.DataFrame = field(default_factory=pl.DataFrame)
     notes: list[str] = field(default_factory=list)
@@ -105,8 +107,8 @@ def write_report(
         rendered = render.render_charts(c.charts, formats, png_scale, workers)
     rep = ReportResult(
         out=out_dir, index=writer.uri("index.html"), captions=c.captions, fits=c.fits, skipped=c.skipped,
-        comparisons=c.comparisons, best_lr=c.best_lr, lr_fit=c.lr_fit, notes=c.notes, n_runs=c.n_runs, n_done=c.n_done,
-        n_failed=c.n_failed, n_diverged=c.n_diverged,
+        comparisons=c.comparisons, family_comparisons=c.family_comparisons, best_lr=c.best_lr, lr_fit=c.lr_fit,
+        notes=c.notes, n_runs=c.n_runs, n_done=c.n_done, n_failed=c.n_failed, n_diverged=c.n_diverged,
     )  # fmt: skip
 
     if c.onsets is not None:
@@ -121,7 +123,7 @@ def write_report(
     if len(c.sizes) >= 2 and c.n_done:
         say("writing fits.csv, fits.md, fits.tex")
         rep.files.append(writer.write("fits.csv", c.fits.write_csv().encode()))
-        md = render.fits_markdown(c.fits, c.comparisons, confidence)
+        md = render.fits_markdown(c.fits, c.comparisons, confidence, c.family_comparisons)
         if COUNT_FIT_NOTE in c.notes:
             md += "\n" + COUNT_FIT_NOTE + "\n"
         md += lr_fit_markdown(c.lr_fit, confidence)
@@ -129,6 +131,8 @@ def write_report(
         rep.files.append(writer.write("fits.tex", render.fits_latex(c.fits, confidence).encode()))
         if c.comparisons.height:
             rep.files.append(writer.write("comparisons.csv", c.comparisons.write_csv().encode()))
+        if c.family_comparisons.height:
+            rep.files.append(writer.write("family_comparisons.csv", c.family_comparisons.write_csv().encode()))
     say("writing index.html")
     svgs = {name: files["svg"].decode() for name, files in rendered.items()}
     page = render.index_html(c, svgs, formats, confidence)

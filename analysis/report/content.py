@@ -18,7 +18,7 @@ from analysis.load import Results
 from analysis.lr_fit import fit_lr_scaling, lr_fit_curves
 from analysis.null import NULL_LABEL
 from analysis.query_base import group_keys, summarise
-from analysis.report.fits import DEFAULT_FITS, FitSpec, compare_lines
+from analysis.report.fits import DEFAULT_FITS, FitSpec, compare_family_lines, compare_lines
 
 __all__ = ["ReportContent", "build"]
 
@@ -43,6 +43,7 @@ class ReportContent:
     fits: pl.DataFrame = field(default_factory=pl.DataFrame)
     skipped: pl.DataFrame = field(default_factory=pl.DataFrame)
     comparisons: pl.DataFrame = field(default_factory=pl.DataFrame)
+    family_comparisons: pl.DataFrame = field(default_factory=pl.DataFrame)
     best_lr: pl.DataFrame = field(default_factory=pl.DataFrame)
     lr_fit: pl.DataFrame = field(default_factory=pl.DataFrame)
     onsets: pl.DataFrame | None = None
@@ -115,6 +116,7 @@ def build(
 
     fit_tables: list[pl.DataFrame] = []
     comparison_rows: list[dict[str, Any]] = []
+    family_rows: list[dict[str, Any]] = []
     if c.n_done == 0:
         c.notes.append("No trial has finished: nothing to chart or fit.")
     elif len(sizes) < 2:
@@ -300,6 +302,7 @@ def build(
                 fit_tables.append(ft.filter(pl.col("exponent").is_not_null()))
                 skipped += ft.filter(pl.col("exponent").is_null()).select("fit", "config", "note").to_dicts()
                 comparison_rows += compare_lines(per, x, line, spec, n_boot, seed, confidence, fitted)
+                family_rows += compare_family_lines(per, line, spec, confidence, fitted)
             if not spec.chart:
                 continue
             curves = None
@@ -355,6 +358,7 @@ def build(
         else pl.DataFrame(schema={"fit": pl.String})
     )
     c.comparisons = pl.from_dicts(comparison_rows) if comparison_rows else pl.DataFrame()
+    c.family_comparisons = pl.from_dicts(family_rows) if family_rows else pl.DataFrame()
     if c.fits.height and c.fits.get_column("fit").str.starts_with("outlier fraction").any():
         c.notes.append(COUNT_FIT_NOTE)
     if c.fits.height and {"optimizer", "config", "exponent_low"} <= set(c.fits.columns):

@@ -12,7 +12,7 @@ from analysis import charts, fits, queries, selection
 from analysis.labels import SITE_NAMES
 from analysis.null import NULL_LABEL
 
-__all__ = ["DEFAULT_FITS", "FitSpec", "compare_lines"]
+__all__ = ["DEFAULT_FITS", "FitSpec", "compare_family_lines", "compare_lines"]
 
 
 @dataclass(frozen=True)
@@ -128,6 +128,42 @@ def compare_lines(
                     "a": ra["config"], "b": rb["config"],
                     "exponent_a": c.fit_a.exponent, "exponent_b": c.fit_b.exponent,
                     "n_a": c.fit_a.n_label, "n_b": c.fit_b.n_label,
+                    "difference": c.difference, "difference_low": c.difference_ci[0],
+                    "difference_high": c.difference_ci[1], "p_value": c.p_value, "method": c.method,
+                })  # fmt: skip
+    return rows
+
+
+def compare_family_lines(
+    per: pl.DataFrame, line: str, spec: FitSpec, confidence: float, fitted: dict[Any, Any]
+) -> list[dict[str, Any]]:
+    """Every pair of optimiser families within one stratum (same norm and rotation) with a
+    fitted line on both sides: family b's exponent minus family a's (``fits.compare_families``:
+    a family's exponent is the mean of its optimisers' per-seed means). a is the reference
+    family (rotation_equivariant, else the first in ``charts.FAMILY_ORDER``)."""
+    if not {"optimizer", "optimizer_family"} <= set(per.columns) or spec.count:
+        return []
+    strata = [c for c in ("norm", "rotation_label") if c in per.columns]
+    ok = [k[0] for k, v in fitted.items() if isinstance(v, fits.PowerLawFit)]
+    info = per.group_by(line).agg(pl.col(c).first() for c in ["optimizer", "optimizer_family", *strata])
+    info = info.filter(pl.col(line).is_in(ok))
+    order = list(dict.fromkeys(["rotation_equivariant", *charts.FAMILY_ORDER]))
+    rows = []
+    for key, group in (info.partition_by(strata, as_dict=True) if strata else {(): info}).items():
+        members: dict[str, list[dict[str, Any]]] = {}
+        for r in sorted(group.iter_rows(named=True), key=lambda r: str(r["optimizer"])):
+            members.setdefault(r["optimizer_family"], []).append(r)
+        fams = sorted(members, key=lambda f: order.index(f) if f in order else len(order))
+        for i, fa in enumerate(fams):
+            for fb in fams[i + 1 :]:
+                c = fits.compare_families(
+                    [fitted[(r[line],)] for r in members[fa]], [fitted[(r[line],)] for r in members[fb]], confidence
+                )
+                rows.append({
+                    "fit": spec.label, **dict(zip(strata, key, strict=True)),
+                    "family_a": fa, "family_b": fb,
+                    "optimizers_a": " + ".join(r["optimizer"] for r in members[fa]),
+                    "optimizers_b": " + ".join(r["optimizer"] for r in members[fb]),
                     "difference": c.difference, "difference_low": c.difference_ci[0],
                     "difference_high": c.difference_ci[1], "p_value": c.p_value, "method": c.method,
                 })  # fmt: skip

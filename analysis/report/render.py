@@ -30,6 +30,7 @@ __all__ = [
     "Table",
     "best_lr_table",
     "comparisons_table",
+    "family_comparisons_table",
     "fits_latex",
     "fits_markdown",
     "fits_table",
@@ -142,6 +143,27 @@ def comparisons_table(c: pl.DataFrame) -> Table:
     return Table(head, rows)
 
 
+FAMILY_COMPARISONS = (
+    "A family's exponent is the mean of its optimisers' mean per-seed exponents (the family as "
+    "exactly the optimisers listed, each counted once); the interval and p come from a "
+    "Welch-Satterthwaite t over the optimisers' seed variances (2+ seeds on every line, else no "
+    "interval)."
+)
+
+
+def family_comparisons_table(c: pl.DataFrame) -> Table:
+    """exponent(family b) − exponent(family a) at the same norm and rotation."""
+    strata = [s for s in c.columns if s in ("norm", "rotation_label")]
+    rows = [
+        [r["fit"], *[fmt(r[s]) for s in strata], f"{r['family_a']} ({r['optimizers_a']})",
+         f"{r['family_b']} ({r['optimizers_b']})", _difference(r),
+         "—" if _missing(r["p_value"]) else f"{r['p_value']:.3g}", r.get("method") or ""]  # fmt: skip
+        for r in c.iter_rows(named=True)
+    ]
+    head = ["Fit", *[s.removesuffix("_label") for s in strata], "Family a", "Family b", "Difference [CI]", "p", "Method"]
+    return Table(head, rows)
+
+
 def _missing(v: float | None) -> bool:
     return v is None or math.isnan(v)
 
@@ -183,7 +205,9 @@ def failures_table(failures: pl.DataFrame, x: str) -> Table:
     return Table(["Trial", "Status", "Config", x, "Seed", "Error"], rows)
 
 
-def fits_markdown(fits: pl.DataFrame, comparisons: pl.DataFrame, confidence: float) -> str:
+def fits_markdown(
+    fits: pl.DataFrame, comparisons: pl.DataFrame, confidence: float, families: pl.DataFrame | None = None
+) -> str:
     lines = [
         "# Power-law fits",
         "",
@@ -194,6 +218,9 @@ def fits_markdown(fits: pl.DataFrame, comparisons: pl.DataFrame, confidence: flo
     ]
     if comparisons.height:
         lines += ["", "# Exponent differences (b − a)", "", COMPARISONS, "", *comparisons_table(comparisons).markdown()]
+    if families is not None and families.height:
+        lines += ["", "# Family differences (b − a)", "", FAMILY_COMPARISONS, "",
+                  *family_comparisons_table(families).markdown()]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -313,6 +340,12 @@ def index_html(content: ReportContent, svgs: dict[str, str], formats: Sequence[s
             f"at the same norm and rotation. {e(COMPARISONS)}</p>"
         )
         body.append(comparisons_table(c.comparisons).html())
+    if c.family_comparisons.height:
+        body.append(
+            "<h2>Family differences</h2><p>exponent(family b) − exponent(family a) at the same norm "
+            f"and rotation. {e(FAMILY_COMPARISONS)} Also in <a href='family_comparisons.csv'>family_comparisons.csv</a>.</p>"
+        )
+        body.append(family_comparisons_table(c.family_comparisons).html())
     if c.best_lr.height:
         body.append(
             "<h2>Best learning rates</h2><p>Per optimiser, size, norm and rotation (the config "
