@@ -399,9 +399,8 @@ def train(
         loss.backward()
         if cfg.train.grad_clip > 0:
             norm = distributed.whole(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip))
-        else:
-            norm = torch.linalg.vector_norm(torch.stack([distributed.whole(p.grad.norm())
-                                                         for p in model.parameters() if p.grad is not None]))
+        else:  # one norm of the per-tensor norms: under fsdp one all-reduce, not one per parameter
+            norm = distributed.whole(torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None]))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1

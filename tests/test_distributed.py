@@ -192,6 +192,19 @@ def test_fsdp_workers_train_shards_and_follow_the_one_worker_trajectory(tmp_path
 
 
 @pytest.mark.slow
+def test_fsdp_without_clipping_reads_the_one_worker_grad_norm(tmp_path):
+    """grad_clip 0: the gradient norm is still the whole model's (one reduction over the shards'
+    norms), the one-worker run's within BOUND at every step."""
+    cfg = tiny(grad_clip=0.0)
+    alone = MemorySink()
+    train(cfg, alone)
+    sink = run_workers(tmp_path, cfg, sharding="fsdp")[0]["sink"]
+    got, want = [r["grad_norm"] for r in sink.curve_rows], [r["grad_norm"] for r in alone.curve_rows]
+    assert len(got) == len(want) == 13 and want[0] is None
+    assert got[1:] == pytest.approx(want[1:], rel=BOUND)
+
+
+@pytest.mark.slow
 def test_an_fsdp_checkpoint_is_the_one_worker_format_and_resumes_under_fsdp_and_one_worker(tmp_path, one_worker):
     import shutil
 
