@@ -95,8 +95,11 @@ for (site, basis), name in SITES.items():
         slopes[o] = [s for s, _, _ in fits]
         if len(fits) == 1:
             s, se, n = fits[0]
-            half = stats.t.ppf(0.975, n - 2) * se if n > 2 else float("nan")
-            print(f"  {o:<13} {family[o]:<22} {s:+.3f} ± {half:.3f}   (one seed: the fit's interval over {n} widths)")
+            if n > 2:
+                half = stats.t.ppf(0.975, n - 2) * se
+                print(f"  {o:<13} {family[o]:<22} {s:+.3f} ± {half:.3f}   (one seed: the fit's t-interval over {n} widths)")
+            else:
+                print(f"  {o:<13} {family[o]:<22} {s:+.3f}   (one seed, 2 widths: no interval)")
         else:
             x = np.asarray(slopes[o])
             half = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))
