@@ -130,6 +130,18 @@ def test_family_differences_count_each_optimiser_once(tmp_path: Path) -> None:
     assert csv.get_column("difference").to_list() == pytest.approx([want], rel=1e-9)
 
 
+def test_a_fit_through_two_points_says_it_has_no_interval(tmp_path: Path) -> None:
+    """One seed at two sizes: an exact line, no interval; the tables say "(no CI)", not [nan, nan]."""
+    from synthetic_store import write_store
+
+    two = write_store(tmp_path, name="two", sizes=(32, 64), seeds=(0,), steps=(0, 10), quant=False, seed=2)
+    rep = write_report(two.path, tmp_path / "rep", formats=("svg",), fit_specs=(FitSpec("kurtosis", over_null=True, chart=False),),
+                       n_boot=20)  # fmt: skip
+    assert rep.fits.height == 2 and rep.fits.get_column("exponent_low").is_nan().all()
+    md = (Path(rep.out) / "fits.md").read_text()
+    assert md.count("(no CI)") >= 2 and "nan" not in md.split("# Exponent differences")[0]
+
+
 def test_control_excess_keeps_fits_that_offset_3_loses(tmp_path: Path) -> None:
     """At small width the no-privilege kurtosis reads 3(d-1)/(d+1) < 3: a small excess measured
     against 3 goes negative (undefined fit); against the control, and over the null, it is defined."""

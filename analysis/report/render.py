@@ -119,7 +119,8 @@ def fits_table(df: pl.DataFrame) -> Table:
         [
             r["fit"],
             r.get("config") or "",
-            f"{r['exponent']:.3f} [{r['exponent_low']:.3f}, {r['exponent_high']:.3f}]",
+            f"{r['exponent']:.3f} (no CI)" if _missing(r["exponent_low"]) or _missing(r["exponent_high"])
+            else f"{r['exponent']:.3f} [{r['exponent_low']:.3f}, {r['exponent_high']:.3f}]",
             r.get("interval") or "",
             f"{r['coefficient']:.3g}",
             f"{r['r2']:.3f}",
