@@ -8,6 +8,7 @@ import struct
 from pathlib import Path
 
 import altair as alt
+import numpy as np
 import polars as pl
 import pytest
 from analysis_fixtures import messy_store, single_size_store, store, twins  # noqa: F401  (fixtures)
@@ -351,6 +352,23 @@ def test_group_size_chart_shows_each_config_and_site(tmp_path: Path) -> None:
     assert ("rect", "(datum.kind === 'none')") in marks and ("rule", "(datum.kind === 'none')") in marks
     assert ("line", "(datum.kind === 'plan')") in marks
     _save_both(charts.kurtosis_vs_group_size(table, baseline=none), tmp_path / "sharing_none")
+
+
+@pytest.mark.parametrize(("lo", "hi", "want"), [
+    (786e3, 1.77e6, [1e6]),  # under one 1-2-5 step: leading digits (the families study's 128 and 192)
+    (240e3, 1.77e6, [5e5, 1e6]),  # 1-2-5
+    (1e5, 1e11, [1e5, 1e8, 1e11]),  # decades
+    (1.01e6, 1.09e6, [1e6, 1.1e6]),  # narrower: the ends, two significant digits
+])  # fmt: skip
+def test_log_axis_labels_a_few_round_values(lo: float, hi: float, want: list[float]) -> None:
+    """Never one label per data value: the fitted curves' 50 x values once labelled a 2-size
+    axis with every one of them (786k 883k 991k 1.11M ...), overlapping."""
+    from analysis.charts.layers import log_axis
+
+    curve = list(np.geomspace(lo, hi, 50))
+    ticks = log_axis(curve, 6).to_dict()["values"]
+    assert 2 <= len(ticks) <= 7 and set(want) <= set(ticks)
+    assert all(float(f"{t:.2g}") == t for t in ticks)  # round values only
 
 
 def test_every_line_variant_gets_its_own_dash(tmp_path: Path) -> None:

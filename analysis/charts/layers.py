@@ -125,8 +125,11 @@ def log_axis(values: Sequence[float | None], max_ticks: int = 6) -> alt.Axis:
         ticks = [10.0**k for k in decades if lo <= 10.0**k <= hi]
         if len(ticks) > 7:
             ticks = ticks[:: math.ceil(len(ticks) / 6)]
-    if len(ticks) < 2:
-        ticks = sorted(set(vals))
+    if len(ticks) < 2:  # a range under a 1-2-5 step (e.g. 0.8M-1.8M): every leading digit
+        ticks = [m * 10.0**k for k in decades for m in range(1, 10) if lo <= m * 10.0**k <= hi]
+        ticks = ticks[:: math.ceil(len(ticks) / max_ticks)] if len(ticks) > max_ticks else ticks
+    if len(ticks) < 2:  # narrower still: the ends, to two significant digits
+        ticks = sorted({float(f"{v:.2g}") for v in (min(vals), max(vals))})
     return alt.Axis(values=ticks, format="~s", labelExpr=SI_LABEL, grid=True)
 
 
