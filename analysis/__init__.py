@@ -23,7 +23,9 @@ import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from analysis import fits, identity, labels, power_law, queries, schema, selection
-from analysis.fits import compare_exponents, fit_curves, fit_each, fit_groups, fits_table
+from analysis.fits import (
+    FamilyComparison, compare_exponents, compare_families, fit_curves, fit_each, fit_groups, fits_table,
+)  # fmt: skip
 from analysis.identity import ID_COLUMNS, science_hash, with_ids
 from analysis.labels import BASIS_SERIES, LABEL_AXES, SITE_NAMES, trial_label, trial_labels, varying_axes
 from analysis.load import (
@@ -90,6 +92,7 @@ __all__ = [
     "CURVES_SCHEMA",
     "DIMS_SCHEMA",
     "ExponentComparison",
+    "FamilyComparison",
     "FINISHED",
     "ID_COLUMNS",
     "LABEL_AXES",
@@ -115,6 +118,7 @@ __all__ = [
     "carried",
     "charts",
     "compare_exponents",
+    "compare_families",
     "config_keys",
     "config_label",
     "find_sweep",

@@ -178,7 +178,7 @@ def code_version() -> tuple[str, str]:
     try:
         sha = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"], cwd=Path(__file__).parent,
-            capture_output=True, text=True, timeout=5,
+            capture_output=True, text=True, timeout=30,  # a loaded machine can take seconds
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         sha = ""

@@ -15,10 +15,10 @@ REPO = Path(__file__).resolve().parents[1]
 # sorted(analysis.__all__) dumped from main before the star imports were removed
 PUBLIC = [
     "ARROW", "BASIS_SERIES", "CHECKS_SCHEMA", "CONFIG_ID", "CONTROL", "CURVES_SCHEMA", "DIMS_SCHEMA",
-    "ExponentComparison", "FINISHED", "ID_COLUMNS", "LABEL_AXES", "LABEL_COLUMNS", "METRICS_SCHEMA",
+    "ExponentComparison", "FINISHED", "FamilyComparison", "ID_COLUMNS", "LABEL_AXES", "LABEL_COLUMNS", "METRICS_SCHEMA",
     "NoSweepError", "PowerLawFit", "QueryError", "RUNS_SCHEMA", "Results", "SAE_SCHEMA", "SCHEMAS",
     "SITE_NAMES", "SIZE_COLUMNS", "STATUSES", "Status", "TABLES", "UNSUCCESSFUL", "basis_comparison",
-    "best_lr", "best_lr_results", "between_seed_halfwidth", "carried", "charts", "compare_exponents",
+    "best_lr", "best_lr_results", "between_seed_halfwidth", "carried", "charts", "compare_exponents", "compare_families",
     "config_keys", "config_label", "find_sweep", "fit_curves", "fit_each", "fit_groups", "fit_power_law",
     "fits_table", "group_size_table", "layer_profile", "line_labels", "load", "loss_table",
     "metric_over_training", "onset", "per_trial", "quant_penalty", "report", "rotation_label", "runs_table",
