@@ -224,9 +224,16 @@ def report_dir(swept):
 @pytest.mark.slow
 def test_the_report_is_attached_to_wandb_as_an_artifact_of_the_sweeps_group(swept, report_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))  # apart from the trials' runs the test above counts
+    import wandb
+
     where = tracking.attach_report("wandb", "tests", "tracked", report_dir)
+    # run.finish() can return before W&B's service has flushed the offline file (CI once read it
+    # with no run record in it); teardown stops the service, so the file is whole when read
+    wandb.teardown()
     (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
     recs = list(wandb_records(run_file))
+    kinds = [r.WhichOneof("record_type") for r in recs]
+    assert "run" in kinds, f"{run_file} ({run_file.stat().st_size} bytes) has no run record: {kinds}"
     run = next(r.run for r in recs if r.WhichOneof("record_type") == "run")
     assert run.run_group == "tracked" and run.project == "tests" and run.job_type == "report"
     (artifact,) = [r.artifact for r in recs if r.WhichOneof("record_type") == "artifact"]
