@@ -106,6 +106,23 @@ def check(kind: str, target: str | None) -> str:
     return project
 
 
+def _mlflow_experiment(uri: str, sweep: str) -> str:
+    """The sweep's MLflow experiment id, created when missing. Under a sqlite store its artifacts
+    go beside the database (<db folder>/mlruns/<sweep>), not into MLflow's default ./mlruns of
+    whatever folder the command happened to run in."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name(sweep)
+    if experiment is not None:
+        return experiment.experiment_id
+    location = None
+    if uri.startswith("sqlite:///"):
+        database = Path(uri.removeprefix("sqlite:///")).resolve()
+        location = (database.parent / "mlruns" / re.sub(r"[^\w.-]+", "-", sweep)).as_uri()
+    return client.create_experiment(sweep, artifact_location=location)
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return (text.splitlines()[0] if text else type(exc).__name__)[:200]
@@ -117,6 +134,7 @@ def callbacks(kind: str, target: str, sweep: str, trials: list[TrialConfig]) -> 
     if kind == "wandb":
         return [_wandb_callback()(runs, project=target, group=sweep)]
     if kind == "mlflow":
+        _mlflow_experiment(target, sweep)
         return [_mlflow_callback()(runs, tracking_uri=target, experiment_name=sweep)]
     return [_tensorboard_callback()(runs, Path(target) / sweep)]
 
@@ -145,9 +163,7 @@ def attach_report(kind: str, target: str, sweep: str, report_dir: Path, location
         import mlflow
 
         client = mlflow.MlflowClient(tracking_uri=target)
-        experiment = client.get_experiment_by_name(sweep)
-        experiment_id = experiment.experiment_id if experiment else client.create_experiment(sweep)
-        run = client.create_run(experiment_id, run_name="report", tags={"kind": "report", "report": location})
+        run = client.create_run(_mlflow_experiment(target, sweep), run_name="report", tags={"kind": "report", "report": location})
         try:
             client.log_artifacts(run.info.run_id, str(report_dir), artifact_path="report")
         finally:

@@ -122,6 +122,8 @@ def test_mlflow_has_one_experiment_one_run_per_trial_params_and_metric_series(sw
     experiment = client.get_experiment_by_name("tracked")
     runs = client.search_runs([experiment.experiment_id])
     assert len(runs) == len(trials)
+    database = Path(targets["mlflow"].removeprefix("sqlite:///"))
+    assert experiment.artifact_location == (database.parent / "mlruns" / "tracked").as_uri()
     by_id = {r.data.tags["trial_id"]: r for r in runs}
     for cfg in trials:
         run = by_id[cfg.trial_id]
@@ -253,6 +255,8 @@ def test_the_report_is_a_run_of_the_mlflow_experiment_with_the_files_as_artifact
     assert run.info.run_name == "report" and run.data.tags["report"] == str(report_dir.resolve())
     stored = {a.path.removeprefix("report/") for a in client.list_artifacts(run.info.run_id, "report")}
     assert stored == {p.name for p in report_dir.iterdir()}
+    # the files are beside the database, not in MLflow's ./mlruns of the folder pytest ran in
+    assert {p.name for p in (tmp_path / "mlruns" / "tracked").glob(f"{run.info.run_id}/artifacts/report/*")} == stored
 
 
 @pytest.mark.slow
