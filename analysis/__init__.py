@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from analysis import fits, identity, labels, power_law, queries, schema, selection
 from analysis.fits import (
-    FamilyComparison, compare_exponents, compare_families, fit_curves, fit_each, fit_groups, fits_table,
+    FamilyComparison, compare_exponents, compare_families, compare_family_values, fit_curves, fit_each,
+    fit_groups, fits_table,
 )  # fmt: skip
 from analysis.identity import ID_COLUMNS, science_hash, with_ids
 from analysis.labels import BASIS_SERIES, LABEL_AXES, SITE_NAMES, trial_label, trial_labels, varying_axes
@@ -119,6 +120,7 @@ __all__ = [
     "charts",
     "compare_exponents",
     "compare_families",
+    "compare_family_values",
     "config_keys",
     "config_label",
     "find_sweep",

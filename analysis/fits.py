@@ -22,6 +22,7 @@ __all__ = [
     "PowerLawFit",
     "compare_exponents",
     "compare_families",
+    "compare_family_values",
     "fit_curves",
     "fit_each",
     "fit_groups",
@@ -301,27 +302,44 @@ def compare_families(
     """Does family b's exponent differ from family a's? A family is exactly the lines given
     (e.g. adam, adafactor and lion for the per-coordinate family; a fixed-effect contrast):
     its exponent is the mean of its lines' mean per-seed exponents, so each optimiser counts
-    once however many seeds it has. The variance sums each line's sem² times its weight²
-    (1 / the family's line count); the t-interval takes Welch-Satterthwaite degrees of
-    freedom. Needs 2+ seeds on every line (seeds are the replicates)."""
-    from scipy import stats
-
+    once however many seeds it has (``compare_family_values`` on the per-seed exponents).
+    Needs 2+ seeds on every line (seeds are the replicates)."""
     if not a or not b:
         raise ValueError("compare_families: each family needs at least one fitted line")
-    parts = [(1 / len(a), f) for f in a] + [(-1 / len(b), f) for f in b]
-    difference = -sum(w * _seed_mean(f) for w, f in parts)  # b - a
-    few = [f for _, f in parts if f.seed_exponents.size < 2]
+    few = [f for f in (*a, *b) if f.seed_exponents.size < 2]
     if few:
+        difference = float(np.mean([_seed_mean(f) for f in b]) - np.mean([_seed_mean(f) for f in a]))
         return FamilyComparison(
             difference, (math.nan, math.nan), math.nan,
             f"no interval: {len(few)} line(s) with fewer than 2 seeds ({_replicates(few[0])})",
         )  # fmt: skip
-    terms = [(w * w) * float(np.var(f.seed_exponents, ddof=1)) / f.seed_exponents.size for w, f in parts]
+    return compare_family_values([f.seed_exponents for f in a], [f.seed_exponents for f in b], confidence)
+
+
+def compare_family_values(
+    a: Sequence[np.ndarray], b: Sequence[np.ndarray], confidence: float = 0.95
+) -> FamilyComparison:
+    """Family b minus family a, where each family is its lines' per-seed values (one array per
+    optimiser: exponents, or a level such as kurtosis / null at one size). A family's value is
+    the mean of its lines' seed means, so each line counts once; the variance sums each line's
+    sem² times its weight² (1 / the family's line count), and the t-interval takes
+    Welch-Satterthwaite degrees of freedom. No interval (NaN) unless every line has 2+ seeds."""
+    from scipy import stats
+
+    if not a or not b:
+        raise ValueError("compare_family_values: each family needs at least one line")
+    parts = [(1 / len(a), np.asarray(v, float)) for v in a] + [(-1 / len(b), np.asarray(v, float)) for v in b]
+    difference = -sum(w * float(v.mean()) for w, v in parts)  # b - a
+    few = sum(v.size < 2 for _, v in parts)
+    if few:
+        return FamilyComparison(difference, (math.nan, math.nan), math.nan,
+                                f"no interval: {few} line(s) with fewer than 2 seeds")  # fmt: skip
+    terms = [(w * w) * float(np.var(v, ddof=1)) / v.size for w, v in parts]
     var = sum(terms)
     if var == 0:
         return FamilyComparison(difference, (difference, difference), 0.0 if difference else 1.0,
                                 "no spread over seeds on any line: nothing to test")  # fmt: skip
-    df = var**2 / sum(t * t / (f.seed_exponents.size - 1) for t, (_, f) in zip(terms, parts, strict=True))
+    df = var**2 / sum(t * t / (v.size - 1) for t, (_, v) in zip(terms, parts, strict=True))
     half = float(stats.t.ppf((1 + confidence) / 2, df)) * math.sqrt(var)
     p = float(2 * stats.t.sf(abs(difference) / math.sqrt(var), df))
     lines = f"{len(a)} vs {len(b)} optimiser(s)"

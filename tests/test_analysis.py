@@ -19,7 +19,7 @@ PUBLIC = [
     "NoSweepError", "PowerLawFit", "QueryError", "RUNS_SCHEMA", "Results", "SAE_SCHEMA", "SCHEMAS",
     "SITE_NAMES", "SIZE_COLUMNS", "STATUSES", "Status", "TABLES", "UNSUCCESSFUL", "basis_comparison",
     "best_lr", "best_lr_results", "between_seed_halfwidth", "carried", "charts", "compare_exponents", "compare_families",
-    "config_keys", "config_label", "find_sweep", "fit_curves", "fit_each", "fit_groups", "fit_power_law",
+    "compare_family_values", "config_keys", "config_label", "find_sweep", "fit_curves", "fit_each", "fit_groups", "fit_power_law",
     "fits_table", "group_size_table", "layer_profile", "line_labels", "load", "loss_table",
     "metric_over_training", "onset", "per_trial", "quant_penalty", "report", "rotation_label", "runs_table",
     "scale_table", "science_hash", "seed_exponents", "sql", "summarise", "t_critical", "trial_label",

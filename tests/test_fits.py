@@ -19,6 +19,7 @@ from analysis.fits import (
     PowerLawFit,
     compare_exponents,
     compare_families,
+    compare_family_values,
     fit_curves,
     fit_each,
     fit_groups,
@@ -385,6 +386,24 @@ def test_a_family_with_one_seed_somewhere_has_no_interval() -> None:
     with pytest.raises(ValueError, match="at least one fitted line"):
         compare_families([], [_seed_fit(0.2, 3, rng)])
 
+
+
+def test_family_values_of_one_line_each_are_scipys_welch_t() -> None:
+    """Levels (one value per seed, e.g. kurtosis / null at one size) go through the same
+    contrast: one line a side is scipy's Welch t; a line with one seed gives no interval."""
+    from scipy import stats
+
+    a, b = np.array([1.02, 0.97, 1.01]), np.array([3.1, 3.9, 3.5, 3.3])
+    c = compare_family_values([a], [b], 0.95)
+    test = stats.ttest_ind(b, a, equal_var=False)
+    ci = test.confidence_interval(0.95)
+    assert c.difference == pytest.approx(b.mean() - a.mean(), rel=1e-12)
+    assert c.difference_ci == pytest.approx((ci.low, ci.high), rel=1e-9)
+    assert c.p_value == pytest.approx(test.pvalue, rel=1e-9)
+    two = compare_family_values([a, a + 0.5], [b], 0.95)  # each line counts once: mean of the means
+    assert two.difference == pytest.approx(b.mean() - (a.mean() + a.mean() + 0.5) / 2, rel=1e-12)
+    one = compare_family_values([a], [b[:1]], 0.95)
+    assert math.isnan(one.p_value) and one.method == "no interval: 1 line(s) with fewer than 2 seeds"
 
 # ---------------------------------------------------------------- scipy vs the hand-written statistics
 

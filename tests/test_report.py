@@ -44,7 +44,7 @@ def test_writes_every_chart_table_and_index(report, store) -> None:  # noqa: F81
     for chart in CHARTS:
         assert {f"{chart}.svg", f"{chart}.png"} <= names, chart
     assert {"fits.csv", "fits.md", "fits.tex", "comparisons.csv", "family_comparisons.csv", "index.html",
-            "best_lr.csv", "onset.csv"} <= names  # fmt: skip
+            "best_lr.csv", "onset.csv", "levels.csv", "family_levels.csv"} <= names  # fmt: skip
     assert set(rep.charts) == CHARTS
     assert all(Path(f).exists() for f in rep.files)
     assert not any(n.startswith(".") for n in names)  # no temp files left behind
@@ -129,6 +129,52 @@ def test_family_differences_count_each_optimiser_once(tmp_path: Path) -> None:
     csv = pl.read_csv(Path(rep.out) / "family_comparisons.csv")
     assert csv.get_column("difference").to_list() == pytest.approx([want], rel=1e-9)
 
+
+def test_levels_at_each_size_and_the_families_differences_in_them(tmp_path: Path) -> None:
+    """What the slopes are fitted to, with intervals: each line's seed mean and t-interval at each
+    size, and at each size per_coordinate (adam + lion) minus rotation_equivariant (sgd), the mean
+    of adam's and lion's seed means minus sgd's with a Welch-Satterthwaite interval; by hand from
+    the stored rows; in levels.csv, family_levels.csv, fits.md and index.html."""
+    import numpy as np
+    from scipy import stats
+    from synthetic_store import write_store
+
+    from analysis import queries
+    from analysis.load import load
+
+    s = write_store(tmp_path, name="lev", optimizers=("adam", "lion", "sgd"), exponents={"lion": 0.6},
+                    steps=(0, 10), quant=False, seed=3)  # fmt: skip
+    specs = (FitSpec("kurtosis", over_null=True, chart=False),)
+    rep = write_report(s.path, tmp_path / "rep", formats=("svg",), fit_specs=specs, n_boot=20)
+    per = queries.per_trial(load(s.path), "kurtosis", over_null=True).collect()
+    sizes = sorted(per.get_column("params_non_embedding").unique().to_list())
+    assert rep.levels.height == 3 * len(sizes) and rep.family_levels.height == len(sizes)
+    for size in sizes:
+        at = per.filter(pl.col("params_non_embedding") == size)
+        seeds = {o: at.filter(pl.col("optimizer") == o).get_column("value").to_numpy() for o in ("adam", "lion", "sgd")}
+        adam = rep.levels.filter(pl.col("size") == size, pl.col("optimizer") == "adam").row(0, named=True)
+        half = stats.t.ppf(0.975, len(seeds["adam"]) - 1) * seeds["adam"].std(ddof=1) / np.sqrt(len(seeds["adam"]))
+        assert adam["n_seeds"] == 3 and adam["mean"] == pytest.approx(seeds["adam"].mean(), rel=1e-12)
+        assert (adam["ci_low"], adam["ci_high"]) == pytest.approx((adam["mean"] - half, adam["mean"] + half), rel=1e-9)
+        row = rep.family_levels.filter(pl.col("size") == size).row(0, named=True)
+        assert (row["family_a"], row["family_b"], row["optimizers_b"]) == ("rotation_equivariant", "per_coordinate",
+                                                                          "adam + lion")  # fmt: skip
+        want = (seeds["adam"].mean() + seeds["lion"].mean()) / 2 - seeds["sgd"].mean()
+        terms = [w * w * v.var(ddof=1) / v.size for w, v in ((0.5, seeds["adam"]), (0.5, seeds["lion"]), (1, seeds["sgd"]))]
+        dof = sum(terms) ** 2 / sum(t * t / 2 for t in terms)
+        half = stats.t.ppf(0.975, dof) * np.sqrt(sum(terms))
+        assert row["difference"] == pytest.approx(want, rel=1e-9)
+        assert (row["difference_low"], row["difference_high"]) == pytest.approx((want - half, want + half), rel=1e-9)
+    largest = rep.family_levels.filter(pl.col("size") == sizes[-1]).row(0, named=True)
+    assert largest["difference_low"] > 0  # the planted excess grows with size: decided at the largest
+    out = Path(rep.out)
+    assert pl.read_csv(out / "levels.csv").height == rep.levels.height
+    assert pl.read_csv(out / "family_levels.csv").get_column("difference").to_list() == pytest.approx(
+        rep.family_levels.get_column("difference").to_list(), rel=1e-9)
+    md = (out / "fits.md").read_text()
+    assert "# Levels at each size" in md and "# Family differences in level at each size (b − a)" in md
+    page = (out / "index.html").read_text()
+    assert "<h2>Levels at each size</h2>" in page and "<h2>Family differences in level</h2>" in page
 
 def test_a_fit_through_two_points_says_it_has_no_interval(tmp_path: Path) -> None:
     """One seed at two sizes: an exact line, no interval; the tables say "(no CI)", not [nan, nan]."""

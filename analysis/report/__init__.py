@@ -7,9 +7,11 @@ load -> ``content.build`` (best lr, queries, power-law fits, charts) ->
 for each format (svg / png / pdf through vl-convert, html self-contained, json = the
 Vega-Lite spec), a fits table (``fits.csv``, ``fits.md``, ``fits.tex``), slope comparisons
 between optimisers (``comparisons.csv``) and between optimiser families
-(``family_comparisons.csv``), ``best_lr.csv``, the fitted best lr against size (``lr_fit.csv``,
-where lr ladders ran at 2+ sizes), ``onset.csv`` and ``index.html``: one self-contained
-page with every chart inlined as SVG, the tables, the invariance checks and the failed trials.
+(``family_comparisons.csv``), the fitted quantities at each size with their seed intervals
+(``levels.csv``) and the families' differences in them (``family_levels.csv``),
+``best_lr.csv``, the fitted best lr against size (``lr_fit.csv``, where lr ladders ran at 2+
+sizes), ``onset.csv`` and ``index.html``: one self-contained page with every chart inlined
+as SVG, the tables, the invariance checks and the failed trials.
 
 Failed and diverged trials are excluded and counted. A sweep with one model size gets its
 charts but no fits (the index says why); a missing table (no checks, no curves) skips only
@@ -55,6 +57,8 @@ class ReportResult:
     skipped: pl.DataFrame = field(default_factory=pl.DataFrame)
     comparisons: pl.DataFrame = field(default_factory=pl.DataFrame)
     family_comparisons: pl.DataFrame = field(default_factory=pl.DataFrame)
+    levels: pl.DataFrame = field(default_factory=pl.DataFrame)
+    family_levels: pl.DataFrame = field(default_factory=pl.DataFrame)
     best_lr: pl.DataFrame = field(default_factory=pl.DataFrame)
     lr_fit: pl.DataFrame = field(default_factory=pl.DataFrame)
     notes: list[str] = field(default_factory=list)
@@ -107,7 +111,8 @@ def write_report(
         rendered = render.render_charts(c.charts, formats, png_scale, workers)
     rep = ReportResult(
         out=out_dir, index=writer.uri("index.html"), captions=c.captions, fits=c.fits, skipped=c.skipped,
-        comparisons=c.comparisons, family_comparisons=c.family_comparisons, best_lr=c.best_lr, lr_fit=c.lr_fit,
+        comparisons=c.comparisons, family_comparisons=c.family_comparisons, levels=c.levels,
+        family_levels=c.family_levels, best_lr=c.best_lr, lr_fit=c.lr_fit,
         notes=c.notes, n_runs=c.n_runs, n_done=c.n_done, n_failed=c.n_failed, n_diverged=c.n_diverged,
     )  # fmt: skip
 
@@ -118,12 +123,16 @@ def write_report(
         rep.files += rep.charts[name]
     if c.best_lr.height:
         rep.files.append(writer.write("best_lr.csv", c.best_lr_csv.write_csv().encode()))
+    if c.levels.height:
+        rep.files.append(writer.write("levels.csv", c.levels.write_csv().encode()))
+    if c.family_levels.height:
+        rep.files.append(writer.write("family_levels.csv", c.family_levels.write_csv().encode()))
     if c.lr_fit.height:
         rep.files.append(writer.write("lr_fit.csv", c.lr_fit.write_csv().encode()))
     if len(c.sizes) >= 2 and c.n_done:
         say("writing fits.csv, fits.md, fits.tex")
         rep.files.append(writer.write("fits.csv", c.fits.write_csv().encode()))
-        md = render.fits_markdown(c.fits, c.comparisons, confidence, c.family_comparisons)
+        md = render.fits_markdown(c.fits, c.comparisons, confidence, c.family_comparisons, c.levels, c.family_levels)
         if COUNT_FIT_NOTE in c.notes:
             md += "\n" + COUNT_FIT_NOTE + "\n"
         md += lr_fit_markdown(c.lr_fit, confidence)

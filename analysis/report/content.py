@@ -18,7 +18,7 @@ from analysis.load import Results
 from analysis.lr_fit import fit_lr_scaling, lr_fit_curves
 from analysis.null import NULL_LABEL
 from analysis.query_base import group_keys, summarise
-from analysis.report.fits import DEFAULT_FITS, FitSpec, compare_family_lines, compare_lines
+from analysis.report.fits import DEFAULT_FITS, FitSpec, compare_family_lines, compare_lines, level_rows
 
 __all__ = ["ReportContent", "build"]
 
@@ -44,6 +44,8 @@ class ReportContent:
     skipped: pl.DataFrame = field(default_factory=pl.DataFrame)
     comparisons: pl.DataFrame = field(default_factory=pl.DataFrame)
     family_comparisons: pl.DataFrame = field(default_factory=pl.DataFrame)
+    levels: pl.DataFrame = field(default_factory=pl.DataFrame)
+    family_levels: pl.DataFrame = field(default_factory=pl.DataFrame)
     best_lr: pl.DataFrame = field(default_factory=pl.DataFrame)
     lr_fit: pl.DataFrame = field(default_factory=pl.DataFrame)
     onsets: pl.DataFrame | None = None
@@ -117,6 +119,8 @@ def build(
     fit_tables: list[pl.DataFrame] = []
     comparison_rows: list[dict[str, Any]] = []
     family_rows: list[dict[str, Any]] = []
+    level_tables: list[dict[str, Any]] = []
+    family_level_rows: list[dict[str, Any]] = []
     if c.n_done == 0:
         c.notes.append("No trial has finished: nothing to chart or fit.")
     elif len(sizes) < 2:
@@ -289,6 +293,9 @@ def build(
                 table = None
             # a fixed row order: the bootstrap resamples by position (group_by order is not fixed)
             per = per.filter(pl.col("value").is_finite()).sort(line, x, "seed", "trial_id")
+            levels, family_levels = level_rows(per, x, line, spec, confidence)
+            level_tables += levels
+            family_level_rows += family_levels
             fitted: dict[Any, Any] = {}
             if len(sizes) >= 2:
                 say(f"fitting {spec.label}")
@@ -359,6 +366,8 @@ def build(
     )
     c.comparisons = pl.from_dicts(comparison_rows) if comparison_rows else pl.DataFrame()
     c.family_comparisons = pl.from_dicts(family_rows) if family_rows else pl.DataFrame()
+    c.levels = pl.from_dicts(level_tables) if level_tables else pl.DataFrame()
+    c.family_levels = pl.from_dicts(family_level_rows) if family_level_rows else pl.DataFrame()
     if c.fits.height and c.fits.get_column("fit").str.starts_with("outlier fraction").any():
         c.notes.append(COUNT_FIT_NOTE)
     if c.fits.height and {"optimizer", "config", "exponent_low"} <= set(c.fits.columns):

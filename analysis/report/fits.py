@@ -1,18 +1,20 @@
-"""The power laws the report fits (``FitSpec``, ``DEFAULT_FITS``) and the comparisons of
-their exponents between optimisers."""
+"""The power laws the report fits (``FitSpec``, ``DEFAULT_FITS``), the comparisons of their
+exponents between optimisers and families, and the levels at each size they are fitted to."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from analysis import charts, fits, queries, selection
 from analysis.labels import SITE_NAMES
 from analysis.null import NULL_LABEL
+from analysis.query_base import summarise
 
-__all__ = ["DEFAULT_FITS", "FitSpec", "compare_family_lines", "compare_lines"]
+__all__ = ["DEFAULT_FITS", "FitSpec", "compare_family_lines", "compare_lines", "level_rows"]
 
 
 @dataclass(frozen=True)
@@ -168,3 +170,44 @@ def compare_family_lines(
                     "difference_high": c.difference_ci[1], "p_value": c.p_value, "method": c.method,
                 })  # fmt: skip
     return rows
+
+
+def level_rows(
+    per: pl.DataFrame, x: str, line: str, spec: FitSpec, confidence: float
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """What the fits are fitted to, with intervals: each line's seed mean at each size with its
+    t-interval (levels), and at each size, within one stratum (norm and rotation), every pair of
+    optimiser families' difference in level (``fits.compare_family_values``: a family's level is
+    the mean of its optimisers' seed means). With three widths a slope is rarely decided; the
+    level at the largest width often is."""
+    if spec.count or not per.height:
+        return [], []
+    strata = [c for c in ("norm", "rotation_label") if c in per.columns]
+    carry = [c for c in ("optimizer", "optimizer_family", "lr", *strata) if c in per.columns]
+    table = summarise(per.lazy(), [line, x], confidence=confidence, carry=carry).collect()
+    table = table.join(selection.line_labels(per, line).select(line, "config"), on=line, how="left")
+    levels = [
+        {"fit": spec.label, "config": r["config"], **{c: r[c] for c in carry}, "size": r[x],
+         "mean": r["mean"], "ci_low": r["ci_low"], "ci_high": r["ci_high"], "n_seeds": r["n"]}  # fmt: skip
+        for r in table.sort(x, "config").iter_rows(named=True)
+    ]
+    if "optimizer_family" not in per.columns:
+        return levels, []
+    order = list(dict.fromkeys(["rotation_equivariant", *charts.FAMILY_ORDER]))
+    families = []
+    for key, group in per.sort([*strata, x]).partition_by([*strata, x], as_dict=True, maintain_order=True).items():
+        members: dict[str, dict[str, np.ndarray]] = {}
+        for (fam, opt), g in sorted(group.partition_by(["optimizer_family", "optimizer"], as_dict=True).items()):
+            members.setdefault(fam, {})[opt] = g.get_column("value").drop_nans().drop_nulls().to_numpy()
+        fams = sorted(members, key=lambda f: order.index(f) if f in order else len(order))
+        for i, fa in enumerate(fams):
+            for fb in fams[i + 1 :]:
+                c = fits.compare_family_values(list(members[fa].values()), list(members[fb].values()), confidence)
+                families.append({
+                    "fit": spec.label, **dict(zip(strata, key[:-1], strict=True)), "size": key[-1],
+                    "family_a": fa, "family_b": fb,
+                    "optimizers_a": " + ".join(members[fa]), "optimizers_b": " + ".join(members[fb]),
+                    "difference": c.difference, "difference_low": c.difference_ci[0],
+                    "difference_high": c.difference_ci[1], "p_value": c.p_value, "method": c.method,
+                })  # fmt: skip
+    return levels, families

@@ -31,10 +31,12 @@ __all__ = [
     "best_lr_table",
     "comparisons_table",
     "family_comparisons_table",
+    "family_levels_table",
     "fits_latex",
     "fits_markdown",
     "fits_table",
     "index_html",
+    "levels_table",
     "render_charts",
 ]
 
@@ -165,6 +167,45 @@ def family_comparisons_table(c: pl.DataFrame) -> Table:
     return Table(head, rows)
 
 
+LEVELS = (
+    "The quantities the power laws are fitted to, at each size: the seed mean, its t-interval "
+    "over seeds and the number of seeds (each optimiser at its best lr at that size)."
+)
+FAMILY_LEVELS = (
+    "At each size, a family's level is the mean of its optimisers' seed means (each optimiser "
+    "counted once); the interval and p come from a Welch-Satterthwaite t over the optimisers' "
+    "seed variances (2+ seeds on every line, else no interval)."
+)
+
+
+def levels_table(levels: pl.DataFrame) -> Table:
+    """One row per fit and config, one column per size: ``mean [low, high] (n)``."""
+    sizes = sorted(levels.get_column("size").unique().to_list())
+    cells: dict[tuple[str, str], dict[Any, str]] = {}
+    for r in levels.iter_rows(named=True):
+        if r["n_seeds"] >= 2 and not (_missing(r["ci_low"]) or _missing(r["ci_high"])):
+            text = f"{r['mean']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}] ({r['n_seeds']})"
+        else:
+            text = f"{r['mean']:.3f} ({r['n_seeds']} seed{'s' if r['n_seeds'] != 1 else ''})"
+        cells.setdefault((r["fit"], r["config"]), {})[r["size"]] = text
+    rows = [[fit, config, *(by_size.get(size, "—") for size in sizes)] for (fit, config), by_size in cells.items()]
+    return Table(["Fit", "Config", *(format_count(size) for size in sizes)], rows)
+
+
+def family_levels_table(c: pl.DataFrame) -> Table:
+    """level(family b) − level(family a) at each size, same norm and rotation."""
+    strata = [s for s in c.columns if s in ("norm", "rotation_label")]
+    rows = [
+        [r["fit"], *[fmt(r[s]) for s in strata], format_count(r["size"]), f"{r['family_a']} ({r['optimizers_a']})",
+         f"{r['family_b']} ({r['optimizers_b']})", _difference(r),
+         "—" if _missing(r["p_value"]) else f"{r['p_value']:.3g}", r.get("method") or ""]  # fmt: skip
+        for r in c.iter_rows(named=True)
+    ]
+    head = ["Fit", *[s.removesuffix("_label") for s in strata], "Size", "Family a", "Family b", "Difference [CI]", "p",
+            "Method"]  # fmt: skip
+    return Table(head, rows)
+
+
 def _missing(v: float | None) -> bool:
     return v is None or math.isnan(v)
 
@@ -207,7 +248,12 @@ def failures_table(failures: pl.DataFrame, x: str) -> Table:
 
 
 def fits_markdown(
-    fits: pl.DataFrame, comparisons: pl.DataFrame, confidence: float, families: pl.DataFrame | None = None
+    fits: pl.DataFrame,
+    comparisons: pl.DataFrame,
+    confidence: float,
+    families: pl.DataFrame | None = None,
+    levels: pl.DataFrame | None = None,
+    family_levels: pl.DataFrame | None = None,
 ) -> str:
     lines = [
         "# Power-law fits",
@@ -222,6 +268,12 @@ def fits_markdown(
     if families is not None and families.height:
         lines += ["", "# Family differences (b − a)", "", FAMILY_COMPARISONS, "",
                   *family_comparisons_table(families).markdown()]  # fmt: skip
+    if levels is not None and levels.height:
+        lines += ["", f"# Levels at each size (seed mean [{confidence:.0%} CI] (seeds))", "", LEVELS, "",
+                  *levels_table(levels).markdown()]  # fmt: skip
+    if family_levels is not None and family_levels.height:
+        lines += ["", "# Family differences in level at each size (b − a)", "", FAMILY_LEVELS, "",
+                  *family_levels_table(family_levels).markdown()]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -347,6 +399,18 @@ def index_html(content: ReportContent, svgs: dict[str, str], formats: Sequence[s
             f"and rotation. {e(FAMILY_COMPARISONS)} Also in <a href='family_comparisons.csv'>family_comparisons.csv</a>.</p>"
         )
         body.append(family_comparisons_table(c.family_comparisons).html())
+    if c.levels.height:
+        body.append(
+            f"<h2>Levels at each size</h2><p>Seed mean [{confidence:.0%} CI] (seeds). {e(LEVELS)} "
+            "Also in <a href='levels.csv'>levels.csv</a>.</p>"
+        )
+        body.append(levels_table(c.levels).html())
+    if c.family_levels.height:
+        body.append(
+            "<h2>Family differences in level</h2><p>level(family b) − level(family a) at each size, same "
+            f"norm and rotation. {e(FAMILY_LEVELS)} Also in <a href='family_levels.csv'>family_levels.csv</a>.</p>"
+        )
+        body.append(family_levels_table(c.family_levels).html())
     if c.best_lr.height:
         body.append(
             "<h2>Best learning rates</h2><p>Per optimiser, size, norm and rotation (the config "
