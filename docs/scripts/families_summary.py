@@ -6,15 +6,17 @@ params) per optimiser; and the differences between optimiser families.
 
 Slopes: one least-squares slope per seed over the widths that seed has; the interval is a 95%
 t-interval over seeds (with one seed: the fit's own t-interval over the widths, marked).
-Family differences: a family's slope is the mean of its optimisers' mean slopes (the family as
-exactly these optimisers); the difference between two families gets a Welch-Satterthwaite
-t-interval from the optimisers' seed variances. Usage: python docs/scripts/families_summary.py RESULTS/SWEEP"""
+Family differences (of slopes, and of kurtosis / null at each width): a family's value is the
+mean of its optimisers' seed means (the family as exactly these optimisers); the difference
+between two families gets a Welch-Satterthwaite t-interval from the optimisers' seed variances
+(``analysis.fits.compare_family_values``, what ``sweep report`` uses). Usage: python docs/scripts/families_summary.py RESULTS/SWEEP"""
 import sys
 
 import numpy as np
 import polars as pl
 from scipy import stats
 
+from analysis.fits import compare_family_values
 from analysis.selection import best_lr
 from resultstore.reader import load
 
@@ -81,6 +83,19 @@ def seed_slopes(frame: pl.DataFrame) -> list[tuple[float, float, int]]:
     return out
 
 
+def family_contrasts(values: dict[str, np.ndarray], family: dict[str, str]) -> None:
+    """Every pair of families, a - b (``analysis.fits.compare_family_values`` gives its second
+    family minus its first; a family is the mean of its optimisers' seed means)."""
+    fams = sorted({family[o] for o in values}, key=lambda f: min(rank(o) for o in values if family[o] == f))
+    members = {f: [o for o in values if family[o] == f] for f in fams}
+    for i, a in enumerate(fams):
+        for b in fams[i + 1:]:
+            c = compare_family_values([values[o] for o in members[b]], [values[o] for o in members[a]])
+            ci = "(no interval: a line has one seed)" if np.isnan(c.p_value) else \
+                f"[{c.difference_ci[0]:+.3f}, {c.difference_ci[1]:+.3f}]  p = {c.p_value:.2g}"
+            print(f"    {a} - {b}: {c.difference:+.3f} {ci}  ({'+'.join(members[a])} vs {'+'.join(members[b])})")
+
+
 for (site, basis), name in SITES.items():
     sub = per_trial.filter(pl.col("site") == site)
     print(f"\nslope of log(kurtosis / null) against log(non-embedding params), {name}")
@@ -105,18 +120,11 @@ for (site, basis), name in SITES.items():
             half = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))
             p = stats.ttest_1samp(x, 0).pvalue
             print(f"  {o:<13} {family[o]:<22} {x.mean():+.3f} ± {half:.3f}   ({len(x)} seeds; p(slope = 0) = {p:.2g})")
-    fams = sorted({family[o] for o in slopes}, key=lambda f: min(rank(o) for o in slopes if family[o] == f))
-    members = {f: [o for o in slopes if family[o] == f] for f in fams}
     print("  family differences (each family: the mean of its optimisers' mean slopes; Welch-Satterthwaite 95%):")
-    for i, a in enumerate(fams):
-        for b in fams[i + 1:]:
-            parts = [(1 / len(members[a]), o) for o in members[a]] + [(-1 / len(members[b]), o) for o in members[b]]
-            diff = sum(w * np.mean(slopes[o]) for w, o in parts)
-            if any(len(slopes[o]) < 2 for _, o in parts):
-                print(f"    {a} - {b}: {diff:+.3f} (one seed somewhere: no interval)")
-                continue
-            v = [(w**2) * np.var(slopes[o], ddof=1) / len(slopes[o]) for w, o in parts]
-            dof = sum(v) ** 2 / sum(vi**2 / (len(slopes[o]) - 1) for vi, (_, o) in zip(v, parts)) if sum(v) > 0 else 1
-            half = stats.t.ppf(0.975, dof) * np.sqrt(sum(v))
-            print(f"    {a} - {b}: {diff:+.3f} [{diff - half:+.3f}, {diff + half:+.3f}]  "
-                  f"({'+'.join(members[a])} vs {'+'.join(members[b])})")
+    family_contrasts({o: np.asarray(v) for o, v in slopes.items()}, family)
+    print(f"\nfamily differences in kurtosis / null at each width, {name} (the same contrast on the seed values):")
+    for d in widths:
+        at = sub.filter(pl.col("d_model") == d)
+        values = {o: at.filter(pl.col("optimizer") == o)["over_null"].to_numpy() for o in optimisers}
+        print(f"  d={d}")
+        family_contrasts({o: v for o, v in values.items() if v.size}, family)
