@@ -387,30 +387,20 @@ def index_html(content: ReportContent, svgs: dict[str, str], formats: Sequence[s
         body.append(fits_table(c.fits).html())
     else:
         body.append("<p>No fits: see the notes above.</p>")
-    if c.comparisons.height:
-        body.append(
-            "<h2>Exponent differences</h2><p>exponent(b) − exponent(a) between optimisers "
-            f"at the same norm and rotation. {e(COMPARISONS)}</p>"
-        )
-        body.append(comparisons_table(c.comparisons).html())
-    if c.family_comparisons.height:
-        body.append(
-            "<h2>Family differences</h2><p>exponent(family b) − exponent(family a) at the same norm "
-            f"and rotation. {e(FAMILY_COMPARISONS)} Also in <a href='family_comparisons.csv'>family_comparisons.csv</a>.</p>"
-        )
-        body.append(family_comparisons_table(c.family_comparisons).html())
-    if c.levels.height:
-        body.append(
-            f"<h2>Levels at each size</h2><p>Seed mean [{confidence:.0%} CI] (seeds). {e(LEVELS)} "
-            "Also in <a href='levels.csv'>levels.csv</a>.</p>"
-        )
-        body.append(levels_table(c.levels).html())
-    if c.family_levels.height:
-        body.append(
-            "<h2>Family differences in level</h2><p>level(family b) − level(family a) at each size, same "
-            f"norm and rotation. {e(FAMILY_LEVELS)} Also in <a href='family_levels.csv'>family_levels.csv</a>.</p>"
-        )
-        body.append(family_levels_table(c.family_levels).html())
+    sections = (
+        (c.comparisons, "Exponent differences", "exponent(b) − exponent(a) between optimisers at the same norm "
+         f"and rotation. {COMPARISONS}", comparisons_table, None),
+        (c.family_comparisons, "Family differences", "exponent(family b) − exponent(family a) at the same norm "
+         f"and rotation. {FAMILY_COMPARISONS}", family_comparisons_table, "family_comparisons.csv"),
+        (c.levels, "Levels at each size", f"Seed mean [{confidence:.0%} CI] (seeds). {LEVELS}", levels_table,
+         "levels.csv"),
+        (c.family_levels, "Family differences in level", "level(family b) − level(family a) at each size, same "
+         f"norm and rotation. {FAMILY_LEVELS}", family_levels_table, "family_levels.csv"),
+    )  # fmt: skip
+    for frame, title, words, table, csv in sections:
+        if frame.height:
+            also = f" Also in <a href='{csv}'>{csv}</a>." if csv else ""
+            body += [f"<h2>{title}</h2><p>{e(words)}{also}</p>", table(frame).html()]
     if c.best_lr.height:
         body.append(
             "<h2>Best learning rates</h2><p>Per optimiser, size, norm and rotation (the config "
