@@ -178,8 +178,9 @@ def level_rows(
     """What the fits are fitted to, with intervals: each line's seed mean at each size with its
     t-interval (levels), and at each size, within one stratum (norm and rotation), every pair of
     optimiser families' difference in level (``fits.compare_family_values``: a family's level is
-    the mean of its optimisers' seed means). With three widths a slope is rarely decided; the
-    level at the largest width often is."""
+    the mean of its lines' seed means, a line being one optimiser config, as in
+    ``compare_family_lines``). With three widths a slope is rarely decided; the level at the
+    largest width often is."""
     if spec.count or not per.height:
         return [], []
     strata = [c for c in ("norm", "rotation_label") if c in per.columns]
@@ -196,17 +197,19 @@ def level_rows(
     order = list(dict.fromkeys(["rotation_equivariant", *charts.FAMILY_ORDER]))
     families = []
     for key, group in per.sort([*strata, x]).partition_by([*strata, x], as_dict=True, maintain_order=True).items():
-        members: dict[str, dict[str, np.ndarray]] = {}
-        for (fam, opt), g in sorted(group.partition_by(["optimizer_family", "optimizer"], as_dict=True).items()):
-            members.setdefault(fam, {})[opt] = g.get_column("value").drop_nans().drop_nulls().to_numpy()
+        members: dict[str, list[tuple[str, np.ndarray]]] = {}  # family -> (optimizer, seed values) per line
+        for g in sorted(group.partition_by(line), key=lambda g: (str(g["optimizer"][0]), str(g[line][0]))):
+            values = g.get_column("value").drop_nans().drop_nulls().to_numpy()
+            members.setdefault(g["optimizer_family"][0], []).append((g["optimizer"][0], values))
         fams = sorted(members, key=lambda f: order.index(f) if f in order else len(order))
         for i, fa in enumerate(fams):
             for fb in fams[i + 1 :]:
-                c = fits.compare_family_values(list(members[fa].values()), list(members[fb].values()), confidence)
+                c = fits.compare_family_values([v for _, v in members[fa]], [v for _, v in members[fb]], confidence)
                 families.append({
                     "fit": spec.label, **dict(zip(strata, key[:-1], strict=True)), "size": key[-1],
                     "family_a": fa, "family_b": fb,
-                    "optimizers_a": " + ".join(members[fa]), "optimizers_b": " + ".join(members[fb]),
+                    "optimizers_a": " + ".join(o for o, _ in members[fa]),
+                    "optimizers_b": " + ".join(o for o, _ in members[fb]),
                     "difference": c.difference, "difference_low": c.difference_ci[0],
                     "difference_high": c.difference_ci[1], "p_value": c.p_value, "method": c.method,
                 })  # fmt: skip
