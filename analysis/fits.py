@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -306,14 +306,11 @@ def compare_families(
     Needs 2+ seeds on every line (seeds are the replicates)."""
     if not a or not b:
         raise ValueError("compare_families: each family needs at least one fitted line")
+    comparison = compare_family_values(_seed_values(a), _seed_values(b), confidence)
     few = [f for f in (*a, *b) if f.seed_exponents.size < 2]
-    if few:
-        difference = float(np.mean([_seed_mean(f) for f in b]) - np.mean([_seed_mean(f) for f in a]))
-        return FamilyComparison(
-            difference, (math.nan, math.nan), math.nan,
-            f"no interval: {len(few)} line(s) with fewer than 2 seeds ({_replicates(few[0])})",
-        )  # fmt: skip
-    return compare_family_values([f.seed_exponents for f in a], [f.seed_exponents for f in b], confidence)
+    if few:  # say what a side had to test with
+        return replace(comparison, method=f"{comparison.method} ({_replicates(few[0])})")
+    return comparison
 
 
 def compare_family_values(
@@ -347,10 +344,10 @@ def compare_family_values(
                             f"Welch-Satterthwaite t over seeds, {lines} (df {df:.1f})")  # fmt: skip
 
 
-def _seed_mean(fit: PowerLawFit) -> float:
-    """A line's exponent as the family contrast counts it: the mean of its per-seed exponents
-    (its pooled exponent with one seed)."""
-    return float(fit.seed_exponents.mean()) if fit.seed_exponents.size else float(fit.exponent)
+def _seed_values(fits: Sequence[PowerLawFit]) -> list[np.ndarray]:
+    """Each line's per-seed exponents, as the family contrast counts them (its pooled exponent
+    where it has no per-seed fits)."""
+    return [f.seed_exponents if f.seed_exponents.size else np.array([f.exponent]) for f in fits]
 
 
 # ---------------------------------------------------------------- internals

@@ -163,7 +163,8 @@ def attach_report(kind: str, target: str, sweep: str, report_dir: Path, location
         import mlflow
 
         client = mlflow.MlflowClient(tracking_uri=target)
-        run = client.create_run(_mlflow_experiment(target, sweep), run_name="report", tags={"kind": "report", "report": location})
+        run = client.create_run(_mlflow_experiment(target, sweep), run_name="report",
+                                tags={"kind": "report", "report": location})
         try:
             client.log_artifacts(run.info.run_id, str(report_dir), artifact_path="report")
         finally:
