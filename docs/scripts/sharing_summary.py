@@ -73,16 +73,28 @@ def welch(a: str, b: str) -> None:
 print("\ndifferences (Welch t, 95% interval)")
 for a, b in (("none", "k=6"), ("k=6", "k=3"), ("k=3", "k=1"), ("k=6", "k=1")):
     welch(a, b)
-shared = per_trial.filter(pl.col("plan").str.starts_with("k=") & ~pl.col("plan").str.contains("unrotated"))
-k = shared["plan"].str.extract(r"k=(\d+)").cast(pl.Int64).to_numpy()
-if len(set(k)) > 2:
-    fit = stats.linregress(k, shared["excess"].to_numpy())
+def slope_against_k(rows: pl.DataFrame, label: str):
+    """Excess against k by least squares over trials; prints the slope and its 95% t-interval."""
+    k = rows["plan"].str.extract(r"k=(\d+)").cast(pl.Int64).to_numpy()
+    if len(set(k)) <= 2:
+        return None
+    fit = stats.linregress(k, rows["excess"].to_numpy())
     half = stats.t.ppf(0.975, len(k) - 2) * fit.stderr
-    print(f"\nexcess against k (ends rotated, {len(k)} trials): slope {fit.slope:+.3f} ± {half:.3f} per block "
+    print(f"\nexcess against k ({label}, {len(k)} trials): slope {fit.slope:+.3f} ± {half:.3f} per block "
           f"sharing the basis, intercept {fit.intercept:+.3f} (p = {fit.pvalue:.2g})")
-for name in ("unrotated",):
-    ab = per_trial.filter(pl.col("plan").str.contains(name))
-    for (plan,), g in sorted(ab.group_by("plan")):
-        twin = per_trial.filter(pl.col("plan") == plan.split(",")[0])
-        print(f"  {plan}: excess {g['excess'].mean():+.3f} (n={g.height}) against {twin['excess'].mean():+.3f} with the "
-              f"ends rotated (n={twin.height})")
+    return fit, len(k)
+
+
+shared = per_trial.filter(pl.col("plan").str.starts_with("k="))
+rotated = slope_against_k(shared.filter(~pl.col("plan").str.contains("unrotated")), "ends rotated")
+unrotated = slope_against_k(shared.filter(pl.col("plan").str.contains("unrotated")), "ends unrotated")
+if rotated and unrotated:
+    (f1, n1), (f2, n2) = rotated, unrotated
+    se = np.hypot(f1.stderr, f2.stderr)
+    dof = se**4 / (f1.stderr**4 / (n1 - 2) + f2.stderr**4 / (n2 - 2))  # Welch-Satterthwaite
+    diff, half = f1.slope - f2.slope, stats.t.ppf(0.975, dof) * se
+    print(f"  slope, ends rotated minus ends unrotated: {diff:+.3f} [{diff - half:+.3f}, {diff + half:+.3f}]"
+          f"  (p = {2 * stats.t.sf(abs(diff) / se, dof):.2g})")
+print("\nends rotated minus ends unrotated, at each k (Welch t, 95% interval)")
+for plan in sorted(p for p in plans if p.startswith("k=") and "unrotated" not in p):
+    welch(plan, f"{plan}, ends unrotated")
