@@ -93,7 +93,8 @@ def main() -> None:
     if smoke:
         rows.append(("cuda tests", "pytest -m cuda", "skipped", "--cpu-smoke"))
     else:
-        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", str(ROOT / "tests")],
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-m", "cuda", "-p", "no:cacheprovider",
+                            str(ROOT / "tests")],
                            capture_output=True, text=True, cwd=ROOT, timeout=240)
         tail = (r.stdout.strip().splitlines() or ["no output"])[-1]
         rows.append(("cuda tests", "pytest -m cuda", tail, "pass" if r.returncode == 0 else f"FAIL rc={r.returncode}"))
