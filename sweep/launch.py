@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Callable, Literal
 
 from resultstore import uri
+from resultstore.ids import science_hash
 from resultstore.lock import SweepLock
 from resultstore.schema import UNSUCCESSFUL, Status
 from resultstore.writer import ResultsStore
@@ -18,7 +20,7 @@ from study.config import TrialConfig
 from sweep.spec import SpecError, SweepSpec
 
 
-__all__ = ["SweepOutcome", "LOOPBACK", "check_resources", "run_sweep", "record_errors"]
+__all__ = ["SweepOutcome", "LOOPBACK", "check_resources", "ladder_divergences", "run_sweep", "record_errors"]
 
 
 @dataclass(frozen=True)
@@ -32,15 +34,50 @@ class SweepOutcome:
     """Each launched trial's runs-table status, or "missing": no runs row at all."""
     wall_s: float
     notes: tuple[str, ...] = ()  # warnings for the user: lock taken over, files quarantined, rows written by the driver
+    ladder: frozenset[str] = frozenset()
+    """Launched trials that diverged inside an lr ladder (see ladder_divergences): expected."""
 
     @property
     def failed(self) -> list[str]:
+        """Launched trials that failed or diverged, ladder divergences included."""
         return [t for t, s in self.statuses.items() if s in UNSUCCESSFUL]
 
     @property
     def missing(self) -> list[str]:
         """Launched trials with no runs row at all (killed before they could write one)."""
         return [t for t, s in self.statuses.items() if s == "missing"]
+
+    @property
+    def unexpected(self) -> list[str]:
+        """What makes `sweep run` exit 1: failed, diverged outside an lr ladder, or no runs row."""
+        return [t for t in self.failed if t not in self.ladder] + self.missing
+
+
+def ladder_divergences(runs) -> set[str]:
+    """The diverged trials inside an lr ladder: each diverged runs row whose config differs from a
+    done row's only in `optimizer.lr` (same seed, same everything else). Such a point bounds the
+    lr from above; it is an expected outcome of an lr search, not a failure of the sweep.
+    `runs`: runs rows (trial_id, status, config_json); configs are compared by the science hash
+    of their `config_json` without `optimizer.lr` (resultstore.ids, the hash config_id uses),
+    plus the seed. A row without a readable config_json is never a ladder point."""
+
+    def key(text: str | None) -> tuple[str, object, object] | None:
+        try:
+            config = json.loads(text) if text else None
+        except ValueError:
+            return None
+        if not isinstance(config, dict) or not isinstance(config.get("optimizer"), dict):
+            return None
+        return science_hash(config, ("optimizer.lr",)), config.get("seed"), config["optimizer"].get("lr")
+
+    rows = [(t, s, key(c)) for t, s, c in zip(runs["trial_id"].to_list(), runs["status"].to_list(),
+                                              runs["config_json"].to_list())]
+    done: dict[tuple, set] = {}
+    for _, status, k in rows:
+        if status == "done" and k is not None:
+            done.setdefault(k[:2], set()).add(k[2])
+    return {t for t, status, k in rows
+            if status == "diverged" and k is not None and done.get(k[:2], set()) - {k[2]}}
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -288,10 +325,12 @@ def _run_locked(spec, trials, store, address, max_concurrent, num_cpus, on_start
     grid = tuner.fit()
     statuses = store.statuses()
     notes = list(notes) + record_errors(store, {t.trial_id: t for t in todo}, grid, statuses)
-    statuses = store.statuses()
+    runs = store.read("runs", ["trial_id", "status", "config_json"])
+    statuses = dict(zip(runs["trial_id"].to_list(), runs["status"].to_list()))
     launched = {t.trial_id: statuses.get(t.trial_id, "missing") for t in todo}
+    ladder = frozenset(ladder_divergences(runs) & set(launched))
     return SweepOutcome(len(trials), len(trials) - len(todo), len(todo), launched, time.perf_counter() - t0,
-                        tuple(notes))
+                        tuple(notes), ladder)
 
 
 def record_errors(store: ResultsStore, todo: dict[str, TrialConfig], grid, statuses: dict[str, str]) -> list[str]:

@@ -107,6 +107,31 @@ def test_relative_data_paths_mean_what_they_meant_where_sweep_run_started(tmp_pa
     assert ResultsStore(tmp_path / "r", spec.name).read("runs")["status"].to_list() == ["done"]
 
 
+LADDER_SPEC = {**SPEC, "train": {**SPEC["train"], "steps": 3, "eval_every": 3, "checkpoint_every": 0},
+               "grid": {**SPEC["grid"], "optimizer": [{"name": "sgd", "lr": [0.3, 1e9], "momentum": 0.9}]}}
+
+
+@pytest.mark.slow
+def test_sweep_run_exits_0_when_only_the_top_of_an_lr_ladder_diverges_and_1_when_nothing_of_it_finished(
+        tmp_path, local_ray):
+    import yaml
+    from typer.testing import CliRunner
+
+    from sweep.cli import app
+
+    spec = tmp_path / "ladder.yaml"
+    spec.write_text(yaml.safe_dump(LADDER_SPEC))
+    r = CliRunner().invoke(app, ["run", str(spec), "--results", str(tmp_path / "a")])
+    top = expand(parse_spec(LADDER_SPEC))[1]  # lr 1e9: diverges, beside lr 0.3, which finishes
+    assert r.exit_code == 0, r.output
+    assert f"1 diverged (ladder): {top.trial_id}" in r.output, r.output
+    alone = {**LADDER_SPEC, "grid": {**LADDER_SPEC["grid"], "optimizer": [{"name": "sgd", "lr": 1e9, "momentum": 0.9}]}}
+    spec.write_text(yaml.safe_dump(alone))  # the same diverging trial with no lr of its ladder done
+    r = CliRunner().invoke(app, ["run", str(spec), "--results", str(tmp_path / "b")])
+    assert r.exit_code == 1, r.output
+    assert "diverged outside an lr ladder" in r.output and top.trial_id in r.output and "(ladder)" not in r.output
+
+
 def test_resources_no_node_has_are_refused_before_anything_starts(tmp_path, local_ray):
     spec = parse_spec({**SPEC, "resources": {"cpu": 64}})
     with pytest.raises(SpecError, match=r"needs cpu=64 gpu=0, but the largest node has cpu=2"):

@@ -4,8 +4,10 @@ varies within the sweep and omits those that do not."""
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 from rich.progress import Progress
 from typer.testing import CliRunner
@@ -93,14 +95,60 @@ resources: {cpu: 1}
 """
 
 
-def test_status_names_the_lr_of_the_trial_that_diverged(tmp_path):
+def test_status_names_the_lr_of_the_trial_that_diverged_inside_its_ladder_and_exits_0(tmp_path):
     spec = tmp_path / "ladder.yaml"
     spec.write_text(LADDER)
     runner = CliRunner()
-    for i, code in ((0, 0), (1, 1)):  # lr 1e9 diverges: exit 1
+    for i, code in ((0, 0), (1, 1)):  # lr 1e9 diverges: `sweep train` of that one trial exits 1
         assert runner.invoke(app, ["train", str(spec), "--trial", str(i), "--results", str(tmp_path)]).exit_code == code
     status = runner.invoke(app, ["status", str(tmp_path / "ladder")])
-    assert status.exit_code == 1, status.output
+    assert status.exit_code == 0, status.output  # lr 0.3 finished: the ladder's top diverging is expected
     bad = expand(load_spec(spec))[1]
     line = next(line for line in status.output.splitlines() if bad.trial_id in line)
-    assert line.startswith(f"diverged {bad.trial_id} (lr 1e+09):"), line
+    assert line.startswith(f"diverged (ladder) {bad.trial_id} (lr 1e+09):"), line
+    assert re.search(r"│ diverged \(ladder\) +│ +1 │", status.output), status.output  # its own row of the table
+
+
+def _rows(tmp_path, spec_text: str, statuses: dict[int, str]):
+    """Runs rows (no training) for the spec's trials by grid index: status per index."""
+    from resultstore.writer import ResultsStore
+    from sweep.trainable import failed_row
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(spec_text)
+    trials = expand(load_spec(spec))
+    store = ResultsStore(tmp_path / "r", load_spec(spec).name)
+    for i, status in statuses.items():
+        store.write_run({**failed_row(trials[i], "loss 1e9 > 20 x initial" if status != "done" else None),
+                         "status": status, "steps": 3})
+    return trials, store
+
+
+SEEDS = LADDER.replace("momentum: 0.9}]", "momentum: 0.9}]\n  seed: [0, 1]")  # (lr 0.3, 1e9) x (seed 0, 1)
+OTHER = LADDER.replace("[{name: sgd, lr: [0.3, 1.0e+9], momentum: 0.9}]",  # two optimisers, no ladder
+                       "[{name: sgd, lr: 1.0e+9, momentum: 0.9}, {name: adam, lr: 3.0e-3}]")
+
+
+@pytest.mark.parametrize("spec, statuses, bad, code, shown", [
+    (LADDER, {0: "done", 1: "diverged"}, 1, 0, "diverged (ladder)"),  # differs from a done trial only in its lr
+    (LADDER, {1: "diverged"}, 1, 1, "diverged"),                        # no lr of its ladder finished
+    (LADDER, {0: "failed", 1: "diverged"}, 1, 1, "diverged"),           # the other lr failed: not done
+    (SEEDS, {1: "done", 2: "diverged"}, 2, 1, "diverged"),              # lr 1e9 seed 0 beside lr 0.3 seed 1: seed differs too
+    (SEEDS, {0: "done", 1: "done", 3: "diverged"}, 3, 0, "diverged (ladder)"),  # lr 1e9 seed 1 beside lr 0.3 seed 1
+    (OTHER, {0: "diverged", 1: "done"}, 0, 1, "diverged"),              # differs in the optimiser, not only the lr
+    (LADDER, {0: "done", 1: "failed"}, 1, 1, "failed"),                 # a failure is never expected
+])
+def test_status_exits_0_only_when_what_did_not_finish_diverged_inside_an_lr_ladder(tmp_path, spec, statuses, bad,
+                                                                                   code, shown):
+    trials, store = _rows(tmp_path, spec, statuses)
+    status = CliRunner().invoke(app, ["status", store.uri])
+    assert status.exit_code == code, status.output
+    line = next(line for line in status.output.splitlines() if trials[bad].trial_id in line)
+    assert line.startswith(f"{shown} {trials[bad].trial_id}"), status.output
+
+
+def test_status_exits_1_for_a_ladder_divergence_beside_a_trial_started_with_no_result(tmp_path):
+    trials, store = _rows(tmp_path, LADDER, {0: "done", 1: "diverged"})
+    (tmp_path / "r" / "ladder" / "trials" / "f00d").mkdir(parents=True)  # started, no runs row
+    status = CliRunner().invoke(app, ["status", store.uri])
+    assert status.exit_code == 1 and "started, no result" in status.output, status.output
