@@ -25,19 +25,34 @@ from torch import Tensor
 from study.rotation import generator_for, random_orthogonal
 
 __all__ = [
-    "METRICS", "CONTROL_BASES", "CONTROL_SPREAD", "kurtosis_null", "kurtosis", "neuron_kurtosis",
-    "outlier_dims", "max_abs", "max_median_ratio", "control_metrics", "dettmers_outliers",
-    "ProbeResult", "ActivationProbe",
+    "METRICS", "CONTROL_BASES", "CONTROL_SPREAD", "CONTROL_MEDIAN", "RANK_TESTED", "TESTED_SITES",
+    "kurtosis_null", "kurtosis", "neuron_kurtosis", "top_share", "outlier_dims", "max_abs",
+    "max_median_ratio", "basis_test", "control_metrics", "dettmers_outliers", "ProbeResult",
+    "ActivationProbe",
 ]
 
-METRICS = ("kurtosis", "neuron_kurtosis", "outlier_dims_abs", "outlier_dims_rel", "max_abs", "max_median_ratio")
+METRICS = ("kurtosis", "neuron_kurtosis", "outlier_dims_abs", "outlier_dims_rel", "max_abs", "max_median_ratio",
+           "top1_share", "top4_share")
 """Metric names measured at every (layer, site, basis)."""
+
+TOP_K = (1, 4)
+"""The k of the top-k energy shares (metrics top1_share, top4_share)."""
+
+RANK_TESTED = ("kurtosis", "top1_share")
+"""Measures whose stored-basis value is ranked among the control's bases: rows `<metric>_rank_p`."""
+
+TESTED_SITES = ("resid", "attn_in", "mlp_in")
+"""Sites whose basis is tested against the control's bases (rows in basis `random`)."""
 
 CONTROL_BASES = 32
 """Haar-random bases the probe's control (site resid, basis random) averages over."""
 
 CONTROL_SPREAD = "kurtosis_sd"
 """The control's extra metric: the sd of the kurtosis across its bases (basis random)."""
+
+CONTROL_MEDIAN = "kurtosis_median"
+"""The median of the kurtosis across the control's bases (basis random): below the mean when
+the statistic is right-skewed, so a stored basis can sit below the null's mean by chance."""
 
 
 def kurtosis_null(d: int) -> float:
@@ -91,6 +106,28 @@ def _neuron_kurtosis(v: Tensor) -> Tensor:
     return r.pow(2).mean(-1)
 
 
+def top_share(x: Tensor, k: int = 1) -> Tensor:
+    """The share of a token's centred energy held by its k largest coordinates: with
+    c = v - mean(v), sum of the k largest c_j^2 / sum_j c_j^2, averaged over tokens.
+
+    Width-free where kurtosis is not: a coordinate holding a fixed share f of every token's
+    energy reads about f at every width d, while kurtosis (d x the token's inverse
+    participation ratio) reads about d f^2 + 3(1-f)^2. Without a privileged basis it reads its
+    null, which falls with d (about 0.11 / 0.064 / 0.037 for top-1 at d 64 / 128 / 256;
+    `analysis.null.top_share_null`). Constant tokens are undefined and left out, as in
+    `kurtosis`."""
+    return _top_share(_tokens(x), k)
+
+
+def _top_share(v: Tensor, k: int) -> Tensor:
+    c = v - v.mean(-1, keepdim=True)
+    e = c.pow(2)
+    total = e.sum(-1)
+    share = e.topk(min(k, e.shape[-1]), dim=-1).values.sum(-1) / total
+    share = torch.where(total > 1e-12 * v.pow(2).sum(-1), share, torch.nan)
+    return torch.nanmean(share, -1)
+
+
 def outlier_dims(x: Tensor, threshold: float = 6.0, relative: bool = False) -> Tensor:
     """Number of coordinates j with |x_j| > threshold on at least one token; with relative,
     |x_j| > threshold x that token's RMS (scale-free; needs d > threshold^2 to be non-zero,
@@ -114,8 +151,9 @@ def _max_abs(v: Tensor) -> Tensor:
 
 def max_median_ratio(x: Tensor) -> Tensor:
     """Per token max_j |x_j| / median_j |x_j|, averaged over tokens. The median of an even
-    number of values is the mean of the middle two. A token whose median is 0 gives inf
-    (0/0: nan, left out)."""
+    number of values is the mean of the middle two. A token whose median is 0 (more than half
+    its coordinates 0, as GELU outputs can be) has no ratio: undefined and left out, not
+    infinite; nan when every token is undefined (the probe stores it as null)."""
     return _max_median_ratio(_tokens(x))
 
 
@@ -130,7 +168,8 @@ def _max_median_ratio(v: Tensor) -> Tensor:
         ties = (a <= lower).sum(-1, keepdim=True) > d // 2
         above = torch.where(a > lower, a, torch.inf).amin(-1, keepdim=True)
         median = 0.5 * (lower + torch.where(ties, lower, above))
-    return torch.nanmean((a.amax(-1, keepdim=True) / median).squeeze(-1), -1)
+    ratio = torch.where(median > 0, a.amax(-1, keepdim=True) / median, torch.nan)
+    return torch.nanmean(ratio.squeeze(-1), -1)
 
 
 def _all_metrics(v: Tensor, threshold: float) -> list[Tensor]:
@@ -141,29 +180,61 @@ def _all_metrics(v: Tensor, threshold: float) -> list[Tensor]:
 def _after_kurtosis(v: Tensor, threshold: float) -> list[Tensor]:
     """METRICS[1:], in order."""
     return [_neuron_kurtosis(v), _outlier_dims(v, threshold, False), _outlier_dims(v, threshold, True),
-            _max_abs(v), _max_median_ratio(v)]
+            _max_abs(v), _max_median_ratio(v), *(_top_share(v, k) for k in TOP_K)]
 
 
-def control_metrics(x: Tensor, bases: Tensor, threshold: float = 6.0) -> Tensor:
-    """The random-basis control of tokens x (..., d) over K Haar bases (K, d, d): a
-    (len(METRICS) + 1,) tensor, METRICS in order, then the sd of the kurtosis across the bases
-    (CONTROL_SPREAD).
+_BASIS_STATS = ("kurtosis", *(f"top{k}_share" for k in TOP_K))
+"""The measures the basis test computes in every control basis, over every token."""
 
-    Token i (flattened) is rotated by basis i mod K, in one batched matmul, so the control
-    costs what one basis on every token costs (K bases on every token cost K times that, over
-    the probe's budget on CPUs); the last N mod K tokens are left out, and with fewer tokens
-    than bases only the first N bases are used (one token each). Kurtosis: the mean over
-    the bases of each basis' token mean; conditional on the tokens each basis' value is an
-    independent draw with expectation exactly kurtosis_null(d), so the mean's standard error
-    is sd / sqrt(K). The other metrics are those of all the rotated tokens together (so counts
-    and maxima see as many tokens as the stored basis does)."""
+
+def _basis_stats(v: Tensor) -> list[Tensor]:
+    """_BASIS_STATS of tokens v (..., N, d), in order."""
+    return [_kurtosis(v), *(_top_share(v, k) for k in TOP_K)]
+
+
+def basis_test(x: Tensor, bases: Tensor, stored: dict[str, Tensor], chunk: int = 8) -> dict[str, Tensor]:
+    """Is the basis x is stored in privileged? Tokens x (..., d) read in each of K Haar bases
+    (K, d, d), every token in every basis (`chunk` bases per matmul), against `stored`, the same
+    measures in x's own basis.
+
+    Returns, per measure m of kurtosis, top1_share, top4_share: m = the mean over the bases (an
+    unbiased estimate of m's no-privilege null at this d, whatever the activations); then
+    kurtosis_sd and kurtosis_median across the bases; and for m in RANK_TESTED the exact rank
+    p-value `m_rank_p` = (1 + #{bases with value >= stored}) / (1 + K). If x's distribution is
+    invariant under rotations (no privileged basis), x and its K rotations are exchangeable, so
+    P(p <= j / (1 + K)) <= j / (1 + K): p = 1 / (K + 1) says the stored basis beats every random
+    one."""
     v = _tokens(x)
+    per_basis = [torch.cat(parts) for parts in zip(*(
+        _basis_stats(torch.matmul(v, bases[i : i + chunk])) for i in range(0, bases.shape[0], chunk)))]
+    k = per_basis[0]
+    out = {name: torch.nanmean(values) for name, values in zip(_BASIS_STATS, per_basis)}
+    out[CONTROL_SPREAD] = k.std()
+    out[CONTROL_MEDIAN] = k.median()  # the lower middle of an even count
+    for name in RANK_TESTED:
+        values = per_basis[_BASIS_STATS.index(name)]
+        out[f"{name}_rank_p"] = (1 + (values >= stored[name]).sum()).float() / (1 + values.numel())
+    return out
+
+
+def control_metrics(x: Tensor, bases: Tensor, stored: dict[str, Tensor], threshold: float = 6.0) -> dict[str, Tensor]:
+    """The residual stream's random-basis control over K Haar bases (K, d, d): `basis_test`
+    (kurtosis, top-k shares and their spread, rank p-values, every token in every basis), then
+    the other METRICS on one basis' worth of tokens.
+
+    For those (neuron_kurtosis, outlier counts, max_abs, max_median_ratio) token i (flattened)
+    is rotated by basis i mod K, in one batched matmul, so they cost what one basis on every
+    token costs and see as many tokens as the stored basis does; the last N mod K tokens are
+    left out, and with fewer tokens than bases only the first N bases are used."""
+    v = _tokens(x)
+    out = basis_test(v, bases, stored)
     k, d = min(bases.shape[0], v.shape[0]), bases.shape[-1]
     n = v.shape[0] // k
     per_basis = torch.bmm(v[: n * k].view(n, k, d).transpose(0, 1), bases[:k])  # (K, n, d): basis j gets tokens j, j+K, ...
-    kurt = _kurtosis(per_basis)  # (K,)
     rest = _after_kurtosis(per_basis.reshape(n * k, d), threshold)
-    return torch.stack([torch.nanmean(kurt), *rest, kurt.std()])
+    for name, value in zip(METRICS[1:], rest):
+        out.setdefault(name, value)
+    return out
 
 
 # ---- model-level: Dettmers et al. (2022) -----------------------------------------------------
@@ -223,15 +294,17 @@ class ActivationProbe:
       layer l = the output of blocks[l-1];
     - `resid`, basis `random` (the control): the same activations read in `n_bases`
       (CONTROL_BASES, 32) fixed Haar-random bases Q_k, drawn once per probe from
-      `generator_for(seed, "probe", k)`, token i in basis Q_(i mod K) (one batched matmul; see
-      `control_metrics`). Its kurtosis, the mean over the bases, estimates the exact null
-      `kurtosis_null(d)` = 3(d-1)/(d+1) whatever the activations (2.818 at d 32, 2.953 at
-      d 128); one basis alone is a draw with sd ~0.15 on trained models, up to ~0.6 when tokens
-      are nearly parallel. The other metrics are those of all the rotated tokens together.
-      Row metric `kurtosis_sd`, basis `random`: the sd (n - 1 denominator) of the kurtosis
-      across the bases, so the mean's standard error is kurtosis_sd / sqrt(n_bases);
+      `generator_for(seed, "probe", k)` (`control_metrics`). Its kurtosis, top1_share and
+      top4_share are the means over the bases of each basis' value on every token: kurtosis
+      estimates the exact null `kurtosis_null(d)` = 3(d-1)/(d+1) whatever the activations
+      (2.818 at d 32, 2.953 at d 128). `kurtosis_sd` and `kurtosis_median` are the sd (n - 1
+      denominator) and median across the bases, so the mean's standard error is
+      kurtosis_sd / sqrt(n_bases). `kurtosis_rank_p`, `top1_share_rank_p`: the exact rank test
+      of the stored basis against the K random ones (`basis_test`). The other metrics are those
+      of one basis' worth of rotated tokens (token i in basis Q_(i mod K));
     - `attn_in` / `mlp_in`, basis `computation`, layers 1..L: outputs of block.attn_norm /
-      block.mlp_norm (what the layer's first linear map sees, in its own basis);
+      block.mlp_norm (what the layer's first linear map sees, in its own basis), with the same
+      basis test in basis `random` (kurtosis, top-k shares, spread, rank p-values);
     - `mlp_act`, basis `neuron`, layers 1..L: output of block.mlp.act;
     - `model`, basis `computation`, layer -1: `dettmers_outliers` over all attn_in + mlp_in.
 
@@ -273,29 +346,22 @@ class ActivationProbe:
                 vals = _all_metrics(a, self.threshold)
                 if site in ("attn_in", "mlp_in"):
                     hits.append(_dettmers_hits(a, self.threshold, pos_frac=0.06))
+                control: dict[str, Tensor] = {}
+                if site in TESTED_SITES:
+                    bases, stored = self.random_bases(a.shape[-1], a.device), dict(zip(METRICS, vals))
+                    control = (control_metrics(a, bases, stored, self.threshold) if site == "resid"
+                               else basis_test(a, bases, stored))
             keys.extend((layer, site, basis, m) for m in METRICS)
             values.extend(vals)
-
-        def control(layer: int, act: Tensor) -> None:
-            with torch.autocast(act.device.type, enabled=False):
-                a = _tokens(act.detach())
-                vals = control_metrics(a, self.random_bases(a.shape[-1], a.device), self.threshold)
-            keys.extend((layer, "resid", "random", m) for m in (*METRICS, CONTROL_SPREAD))
-            values.extend(vals.unbind())
-
-        def resid(layer: int, act: Tensor) -> None:
-            measure(layer, "resid", "stored", act)
-            control(layer, act)
+            keys.extend((layer, site, "random", m) for m in control)
+            values.extend(control.values())
 
         def on_output(layer: int, site: str, basis: str):
             def hook(_module, _inputs, output):
-                if site == "resid":
-                    resid(layer, output)
-                else:
-                    measure(layer, site, basis, output)
+                measure(layer, site, basis, output)
             return hook
 
-        handles = [blocks[0].register_forward_pre_hook(lambda _m, args: resid(0, args[0]))]
+        handles = [blocks[0].register_forward_pre_hook(lambda _m, args: measure(0, "resid", "stored", args[0]))]
         for l, block in enumerate(blocks, start=1):
             handles += [
                 block.register_forward_hook(on_output(l, "resid", "stored")),
@@ -322,5 +388,7 @@ class ActivationProbe:
         for e in extra:
             extras.append(rest[: e.numel()])
             rest = rest[e.numel():]
-        rows = [{"layer": l, "site": s, "basis": b, "metric": m, "value": v} for (l, s, b, m), v in zip(keys, out)]
+        # an undefined measure (nan: e.g. no token has a non-zero median) is stored as null
+        rows = [{"layer": l, "site": s, "basis": b, "metric": m, "value": v if v == v else None}
+                for (l, s, b, m), v in zip(keys, out)]
         return ProbeResult(rows=rows, val_loss=out[-1], extra=extras)

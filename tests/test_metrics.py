@@ -14,9 +14,12 @@ from hypothesis.extra import numpy as hnp
 from study.config import TrialConfig
 from study.metrics import (
     CONTROL_BASES,
+    CONTROL_MEDIAN,
     CONTROL_SPREAD,
     METRICS,
+    RANK_TESTED,
     ActivationProbe,
+    basis_test,
     control_metrics,
     dettmers_outliers,
     kurtosis,
@@ -25,6 +28,7 @@ from study.metrics import (
     max_median_ratio,
     neuron_kurtosis,
     outlier_dims,
+    top_share,
 )
 from study.model import Transformer
 from study.rotation import generator_for, random_orthogonal
@@ -93,27 +97,92 @@ def control_inputs(d: int = 64, n: int = 2048) -> dict[str, torch.Tensor]:
             "parallel": u + 0.01 * torch.randn(n, d, generator=g)}
 
 
+def stored_values(x: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {"kurtosis": kurtosis(x), "top1_share": top_share(x, 1), "top4_share": top_share(x, 4)}
+
+
 @pytest.mark.parametrize("name", ["gaussian", "sphere", "heavy", "parallel"])
 def test_control_mean_is_the_exact_null_within_its_standard_error(name):
-    """Given any tokens, each basis' kurtosis (over its share of the tokens) is an independent
-    draw whose expectation is the null, so the K-basis mean is within a few sd / sqrt(K) of
-    3(d-1)/(d+1); the sd row is the spread of the single-basis readings."""
+    """Given any tokens, each basis' kurtosis (over every token) is a draw whose expectation is
+    the null, so the K-basis mean is within a few sd / sqrt(K) of 3(d-1)/(d+1); the sd and
+    median rows are the spread and median of the single-basis readings."""
     d, x = 64, control_inputs()[name]
     q = control_bases(d)
-    out = control_metrics(x, q)
-    assert out.shape == (len(METRICS) + 1,)
-    mean, sd = out[0].item(), out[-1].item()
-    single = torch.stack([kurtosis(x[k::CONTROL_BASES] @ q[k]) for k in range(CONTROL_BASES)])  # basis k: tokens k, k+K, ...
+    out = control_metrics(x, q, stored_values(x))
+    assert set(out) == {*METRICS, CONTROL_SPREAD, CONTROL_MEDIAN, *(f"{m}_rank_p" for m in RANK_TESTED)}
+    mean, sd = out["kurtosis"].item(), out[CONTROL_SPREAD].item()
+    single = torch.stack([kurtosis(x @ q[k]) for k in range(CONTROL_BASES)])  # basis k: every token
     assert sd == pytest.approx(single.std().item(), rel=1e-4)
     assert mean == pytest.approx(single.mean().item(), rel=1e-5)
+    assert out[CONTROL_MEDIAN].item() == pytest.approx(single.median().item(), rel=1e-5)
     tolerance = 4 * sd / math.sqrt(CONTROL_BASES)
     assert abs(mean - kurtosis_null(d)) < tolerance, (mean, kurtosis_null(d), tolerance)
     if name in ("gaussian", "sphere"):
         assert kurtosis(x).item() == pytest.approx(kurtosis_null(d), abs=0.05)  # the stored basis reads it too
         assert sd < 0.1
-    else:  # basis-aligned tails: the stored basis is far above; one random basis is a noisy draw
+    else:  # basis-aligned tails: the stored basis is far above every random basis
         assert kurtosis(x).item() > 20
+        assert out["kurtosis_rank_p"].item() == pytest.approx(1 / (1 + CONTROL_BASES))
+        assert out["top1_share_rank_p"].item() == pytest.approx(1 / (1 + CONTROL_BASES))
+    if name == "parallel":  # nearly one direction: each random basis is one draw, a noisy one
         assert sd > 0.15 and (single - kurtosis_null(d)).abs().max().item() > 2 * tolerance
+
+
+def test_rank_p_is_exact_under_rotation_invariance():
+    """Tokens whose distribution no rotation changes (Gaussian): the stored basis is exchangeable
+    with the random ones, so p = (1 + #random >= stored) / 33 is uniform on {1/33, ..., 1}:
+    P(p <= 1/33) = 1/33 and P(p <= 1/2) ~ 1/2, over 400 independent token sets."""
+    d, n, k = 12, 40, 32
+    q = control_bases(d, k)
+    ps = {"kurtosis_rank_p": [], "top1_share_rank_p": []}
+    for s in range(400):
+        x = gaussian(n, d, seed=1000 + s)
+        out = basis_test(x, q, stored_values(x))
+        for m in ps:
+            ps[m].append(out[m].item())
+    for m, p in ps.items():
+        p = np.array(p)
+        assert set(np.round(p * 33).astype(int)) <= set(range(1, 34))
+        assert abs((p <= 1 / 33 + 1e-9).mean() - 1 / 33) < 0.03, m  # binomial sd 0.009
+        assert abs((p <= 0.5).mean() - 0.5) < 0.08, m
+
+
+def test_rank_p_counts_random_bases_at_or_above_the_stored_value():
+    """By hand: two bases, one the identity (ties count against the stored basis)."""
+    x = gaussian(30, 8, seed=5)
+    q = torch.stack([torch.eye(8), random_orthogonal(8, generator_for(1, "t"), dtype=torch.float32)])
+    stored = stored_values(x)
+    out = basis_test(x, q, stored)
+    other = kurtosis(x @ q[1]).item() >= stored["kurtosis"].item()
+    assert out["kurtosis_rank_p"].item() == pytest.approx((1 + 1 + other) / 3)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_top_share_is_width_free_where_kurtosis_is_not(d):
+    """A coordinate holding a fixed 15% of every token's energy reads top-1 share 0.15 at every
+    width (within 15%), while kurtosis grows about like d f^2; Gaussian and sphere tokens read
+    the share's null, the control's mean."""
+    f, n = 0.15, 4096
+    g = gaussian(n, d, seed=d)
+    rest = g.clone()
+    rest[:, 0] = 0
+    rest = rest / rest.norm(dim=-1, keepdim=True) * math.sqrt(1 - f)
+    rest[:, 0] = math.sqrt(f) * torch.sign(gaussian(n, 1, seed=d + 1)[:, 0])
+    assert top_share(rest).item() == pytest.approx(f, rel=0.15)
+    assert kurtosis(rest).item() == pytest.approx(d * f**2 + 3 * (1 - f) ** 2, rel=0.15)  # grows with d
+    q = control_bases(d, 8)
+    null = basis_test(g, q, stored_values(g))["top1_share"].item()
+    for tokens in (g, g / g.norm(dim=-1, keepdim=True)):
+        assert top_share(tokens).item() == pytest.approx(null, rel=0.03)
+    assert top_share(g, 4).item() > top_share(g, 1).item()
+
+
+def test_top_share_by_hand():
+    x = torch.tensor([[3.0, -1.0, -1.0, -1.0], [2.0, 2.0, 2.0, 2.0]])  # the second token is constant: left out
+    # centred: (3, -1, -1, -1) has mean 0; energies 9, 1, 1, 1 -> top-1 9/12, top-4 1
+    assert top_share(x).item() == pytest.approx(0.75)
+    assert top_share(x, 4).item() == pytest.approx(1.0)
+    assert math.isnan(top_share(torch.ones(3, 5)).item())
 
 
 def test_private_metrics_take_a_stack_of_token_sets():
@@ -131,15 +200,13 @@ def test_control_other_metrics_see_every_rotated_token():
     d, x = 16, gaussian(70, 16, seed=3)  # 70 tokens, 32 bases: two each, the last 6 left out
     q = control_bases(d)
     rotated = torch.cat([x[k:64:CONTROL_BASES] @ q[k] for k in range(CONTROL_BASES)])
-    out = control_metrics(x, q, threshold=1.5)
-    want = [neuron_kurtosis(rotated), outlier_dims(rotated, 1.5), outlier_dims(rotated, 1.5, relative=True),
-            max_abs(rotated), max_median_ratio(rotated)]
-    for metric, got, w in zip(METRICS[1:], out[1:-1], want):
-        assert got.item() == pytest.approx(w.item(), rel=1e-5), metric
-    assert out[2].item() > 0  # the threshold is low enough that the counts are not trivially 0
-    few = control_metrics(x[:20], q)  # fewer tokens than bases: the first 20 bases, one token each
-    want = torch.stack([kurtosis(x[k] @ q[k]) for k in range(20)])
-    assert few[0].item() == pytest.approx(want.mean().item(), rel=1e-5) and few[-1].item() == pytest.approx(want.std().item(), rel=1e-4)
+    out = control_metrics(x, q, stored_values(x), threshold=1.5)
+    want = {"neuron_kurtosis": neuron_kurtosis(rotated), "outlier_dims_abs": outlier_dims(rotated, 1.5),
+            "outlier_dims_rel": outlier_dims(rotated, 1.5, relative=True), "max_abs": max_abs(rotated),
+            "max_median_ratio": max_median_ratio(rotated)}
+    for metric, w in want.items():
+        assert out[metric].item() == pytest.approx(w.item(), rel=1e-5), metric
+    assert out["outlier_dims_abs"].item() > 0  # the threshold is low enough that the counts are not trivially 0
 
 
 def test_one_spike_neuron_kurtosis_is_d():
@@ -177,13 +244,16 @@ def test_max_abs_and_max_median_ratio():
     assert max_abs(x).item() == 5.0
     assert max_median_ratio(x).item() == pytest.approx((1.6 + 5 / 1.5 + 4.0) / 3)
     assert max_median_ratio(torch.tensor([[-1.0, 5.0, 2.0]])).item() == pytest.approx(2.5)  # odd d
-    assert max_median_ratio(torch.tensor([[0.0, 0.0, 0.0, 1.0]])).item() == math.inf
+    # a zero median has no ratio: undefined (left out), not infinite
+    assert math.isnan(max_median_ratio(torch.tensor([[0.0, 0.0, 0.0, 1.0]])).item())
+    assert max_median_ratio(torch.tensor([[0.0, 0.0, 0.0, 1.0], [-1.0, 5.0, 2.0, 0.0]])).item() == pytest.approx(5 / 1.5)
 
 
 def test_max_median_ratio_matches_quantile_median():
     x = torch.randint(-3, 4, (200, 10), generator=gen(3)).float()
     a = x.abs()
-    ref = torch.nanmean(a.amax(-1) / a.quantile(0.5, dim=-1))
+    median = a.quantile(0.5, dim=-1)
+    ref = torch.nanmean(torch.where(median > 0, a.amax(-1) / median, torch.nan))
     torch.testing.assert_close(max_median_ratio(x), ref, equal_nan=True)
 
 
@@ -281,7 +351,10 @@ def batch(b: int = 4, t: int = 16, seed: int = 0) -> tuple[torch.Tensor, torch.T
 
 def expected_keys(n_layers: int) -> set[tuple]:
     keys = {(l, "resid", b, m) for l in range(n_layers + 1) for b in ("stored", "random") for m in METRICS}
-    keys |= {(l, "resid", "random", CONTROL_SPREAD) for l in range(n_layers + 1)}
+    tested = (CONTROL_SPREAD, CONTROL_MEDIAN, *(f"{m}_rank_p" for m in RANK_TESTED))
+    keys |= {(l, "resid", "random", m) for l in range(n_layers + 1) for m in tested}
+    keys |= {(l, s, "random", m) for l in range(1, n_layers + 1) for s in ("attn_in", "mlp_in")
+             for m in ("kurtosis", "top1_share", "top4_share", *tested)}
     keys |= {(l, s, "computation", m) for l in range(1, n_layers + 1) for s in ("attn_in", "mlp_in") for m in METRICS}
     keys |= {(l, "mlp_act", "neuron", m) for l in range(1, n_layers + 1) for m in METRICS}
     return keys | {(-1, "model", "computation", "dettmers_outliers")}
@@ -363,9 +436,9 @@ def test_probe_control_rows_are_control_metrics_of_the_residual():
     rows = {(r["layer"], r["metric"]): r["value"] for r in probe.run(x, y).rows if r["basis"] == "random"}
     with torch.no_grad():
         emb = model.tok_emb(x) + model.pos_emb(torch.arange(x.shape[1]))
-    want = control_metrics(emb, probe.random_bases(64, emb.device))
-    for i, metric in enumerate((*METRICS, CONTROL_SPREAD)):
-        assert rows[(0, metric)] == pytest.approx(want[i].item(), rel=1e-5), metric
+    want = control_metrics(emb, probe.random_bases(64, emb.device), stored_values(emb))
+    for metric, value in want.items():
+        assert rows[(0, metric)] == pytest.approx(value.item(), rel=1e-5), metric
 
 
 def test_probe_hooks_removed_after_an_error():

@@ -53,8 +53,8 @@ def test_rows_match_the_store_schema_and_loss_falls():
     first_val = sink.curve_rows[0]["val_loss"]
     assert summary.final_val_loss < first_val - 0.5
     sites = {(r["site"], r["basis"]) for r in sink.metric_rows}
-    assert sites == {("resid", "stored"), ("resid", "random"), ("attn_in", "computation"),
-                     ("mlp_in", "computation"), ("mlp_act", "neuron"), ("model", "computation"),
+    assert sites == {("resid", "stored"), ("resid", "random"), ("attn_in", "computation"), ("attn_in", "random"),
+                     ("mlp_in", "computation"), ("mlp_in", "random"), ("mlp_act", "neuron"), ("model", "computation"),
                      ("model", "w8a8"), ("model", "w4a4")}
     assert {r["dtype"] for r in sink.check_rows} == {"float64", "float32", "bfloat16"}
     assert sink.run_row["params"] == cfg.params and sink.run_row["tokens"] == 40 * 8 * 16
