@@ -148,6 +148,12 @@ class RotationConfig(_Frozen):
     embeddings: bool = True
     """Rotate the ends too: embeddings write through R^T, final norm + unembedding read x R (shared:
     the one R; other modes: a basis each). false leaves them in the residual basis (an ablation)."""
+    ends: Literal["own", "group"] = "own"
+    """With the ends rotated, their bases: own (a basis each, not any block's) or group (the
+    embeddings write in the first block's basis, the unembedding reads in the last block's), so
+    that partial with group_size = n_layers is exactly `shared` (the sharing study's control)."""
+
+    id_optional: ClassVar[tuple[str, ...]] = ("ends",)
 
     @model_validator(mode="before")
     @classmethod
@@ -166,6 +172,11 @@ class RotationConfig(_Frozen):
             raise ValueError(f"groups only applies to mode groups, not {self.mode}")
         if self.mode == "none" and not self.embeddings:
             raise ValueError("embeddings: false needs a rotation (mode none rotates nothing)")
+        if self.ends == "group" and self.mode in ("none", "shared"):
+            raise FieldError("ends", f"ends: group needs mode partial, independent or groups ({self.mode} "
+                             f"{'rotates nothing' if self.mode == 'none' else 'already puts its ends in its one basis'})")
+        if self.ends == "group" and not self.embeddings:
+            raise FieldError("ends", "ends: group rotates the ends, embeddings: false leaves them unrotated")
         if self.groups is not None:
             if not all(self.groups):
                 raise FieldError("groups", "every group needs at least one block index")
@@ -177,13 +188,15 @@ class RotationConfig(_Frozen):
     @property
     def label(self) -> str:
         """Short human label: none, shared, independent, partial(2), groups[[0,1],[2]]; with
-        embeddings false, `-noemb` appended (shared-noemb)."""
+        embeddings false, `-noemb` appended (shared-noemb); with ends group, `-groupends`."""
         if self.mode == "partial":
             label = f"partial({self.group_size})"
         elif self.mode == "groups":
             label = "groups" + json.dumps([list(g) for g in self.groups or ()], separators=(",", ":"))
         else:
             label = self.mode
+        if self.ends == "group":
+            return label + "-groupends"
         return label if self.embeddings else label + "-noemb"
 
 

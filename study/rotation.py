@@ -16,8 +16,11 @@ Tags used by `build_plan` (so that equal modes give equal matrices):
 - `independent`: ("rotation", "block", l, "attn") and ("rotation", "block", l, "mlp").
 - the ends (RotationConfig.embeddings, every mode but none): `shared` uses its one R for the
   embeddings' write and the final read; every other mode gives each end a basis of its own,
-  ("rotation", "embed") and ("rotation", "unembed"). So with every block rotated and the ends
-  on, no parameter lives in the residual basis (invariance.plan_in_basis).
+  ("rotation", "embed") and ("rotation", "unembed"), unless RotationConfig.ends is `group`: then
+  the embeddings write in block 0's attention basis and the unembedding reads in the last
+  block's MLP basis. So with every block rotated and the ends on, no parameter lives in the
+  residual basis (invariance.plan_in_basis). Only with ends `group` is partial(k = n_layers)
+  the `shared` model: with their own bases the ends are two more bases the blocks do not share.
 
 Consequence: `shared` with its ends is the unrotated model itself seen in the basis x R (z = x R
 evolves exactly as `none`'s residual stream, for every norm and optimiser); only the basis the
@@ -99,7 +102,8 @@ def build_plan(rotation: RotationConfig, n_layers: int, d_model: int, seed: int)
     k = n_layers: the blocks of shared). groups: each listed set of 0-based blocks shares one R
     for both reads; blocks in no list read through the identity (None). Blocks sharing a basis
     share the same tensor object.
-    Ends (rotation.embeddings, any mode but none): shared's one R; otherwise one basis each.
+    Ends (rotation.embeddings, any mode but none): shared's one R; otherwise one basis each,
+    or with rotation.ends = group the first block's (embeddings) and the last block's (unembedding).
     """
     mode = rotation.mode
 
@@ -136,4 +140,6 @@ def build_plan(rotation: RotationConfig, n_layers: int, d_model: int, seed: int)
         return Plan(blocks=tuple(blocks))
     if mode == "shared":
         return Plan(blocks=tuple(blocks), embed=blocks[0][0], unembed=blocks[0][0])
+    if rotation.ends == "group":  # the first block's attention basis, the last block's MLP basis
+        return Plan(blocks=tuple(blocks), embed=blocks[0][0], unembed=blocks[-1][1])
     return Plan(blocks=tuple(blocks), embed=own("embed"), unembed=own("unembed"))
