@@ -594,6 +594,32 @@ def test_muon_on_matrices_is_equivariant_up_to_its_bfloat16() -> None:
     assert moved > 0.1 and gap < 0.03 * moved, (gap, moved)
 
 
+def test_our_muon_is_equivariant_to_rounding() -> None:
+    """EquivariantMuon (what the muon rule builds) runs Newton-Schulz in the parameter's dtype:
+    float64 here, so the gap is float64 rounding, three orders below torch's bfloat16 Muon."""
+    from study.optim.rules.muon import EquivariantMuon
+
+    gap, moved = equivariance_gap(lambda ps: EquivariantMuon(ps, lr=3e-2, weight_decay=0.1, adjust_lr_fn="match_rms_adamw"))
+    assert moved > 0.1 and gap < 1e-9 * moved, (gap, moved)
+
+
+def test_our_muon_is_torch_muon_step_for_step(monkeypatch) -> None:
+    """With torch's own Newton-Schulz put in, EquivariantMuon's step is torch.optim.Muon's exactly
+    (momentum, Nesterov, decoupled decay, lr adjustment): only the precision differs."""
+    import torch.optim._muon as torch_muon
+    from study.optim.rules import muon as ours
+
+    f, _, _, _, w0, c0 = rotated_problem()
+    loss = lambda ps: f([ps[0], c0])  # noqa: E731
+    a, b = [torch.nn.Parameter(w0.clone().float())], [torch.nn.Parameter(w0.clone().float())]
+    monkeypatch.setattr(ours, "newton_schulz", torch_muon._zeropower_via_newtonschulz)
+    for ps, cls in ((a, torch.optim.Muon), (b, ours.EquivariantMuon)):
+        run(ps, cls(ps, lr=3e-2, weight_decay=0.1, momentum=0.9, nesterov=True, adjust_lr_fn="match_rms_adamw"), 5,
+            loss=lambda p: loss([p[0].double()]))
+    assert (a[0] - w0.float()).norm() > 0.05
+    torch.testing.assert_close(b[0], a[0], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("name", ["adam", "adafactor", "lion", "signsgd"])
 def test_per_coordinate_optimisers_are_not_equivariant(name: str) -> None:
     def make(ps):
