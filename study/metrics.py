@@ -183,51 +183,59 @@ def _after_kurtosis(v: Tensor, threshold: float) -> list[Tensor]:
             _max_abs(v), _max_median_ratio(v), *(_top_share(v, k) for k in TOP_K)]
 
 
-_BASIS_STATS = ("kurtosis", *(f"top{k}_share" for k in TOP_K))
-"""The measures the basis test computes in every control basis, over every token."""
+RANK_TOKENS = 1024
+"""At most this many tokens (evenly strided over the eval batch) enter the basis test: its cost
+is K bases x tokens x d^2, and an exact test needs only the same tokens in every basis."""
 
 
-def _basis_stats(v: Tensor) -> list[Tensor]:
-    """_BASIS_STATS of tokens v (..., N, d), in order."""
-    return [_kurtosis(v), *(_top_share(v, k) for k in TOP_K)]
+def _kurtosis_and_top1(v: Tensor) -> tuple[Tensor, Tensor]:
+    """(kurtosis, top1_share) of tokens v (..., N, d) from one centring and one squaring: what
+    `kurtosis` and `top_share(k=1)` compute, in fewer passes (the basis test runs it K times)."""
+    c = v - v.mean(-1, keepdim=True)
+    e = c * c
+    m2 = e.mean(-1)
+    defined = m2 > 1e-12 * v.pow(2).mean(-1)
+    k = torch.where(defined, (e * e).mean(-1) / (m2 * m2), torch.nan)
+    top1 = torch.where(defined, e.amax(-1) / (m2 * e.shape[-1]), torch.nan)
+    return torch.nanmean(k, -1), torch.nanmean(top1, -1)
 
 
-def basis_test(x: Tensor, bases: Tensor, stored: dict[str, Tensor], chunk: int = 8) -> dict[str, Tensor]:
-    """Is the basis x is stored in privileged? Tokens x (..., d) read in each of K Haar bases
-    (K, d, d), every token in every basis (`chunk` bases per matmul), against `stored`, the same
-    measures in x's own basis.
+def basis_test(x: Tensor, bases: Tensor, chunk: int = 8) -> dict[str, Tensor]:
+    """Is the basis x is stored in privileged? The same tokens of x (..., d), at most RANK_TOKENS
+    of them, read in x's own basis and in each of K Haar bases (K, d, d), `chunk` bases per matmul.
 
-    Returns, per measure m of kurtosis, top1_share, top4_share: m = the mean over the bases (an
-    unbiased estimate of m's no-privilege null at this d, whatever the activations); then
-    kurtosis_sd and kurtosis_median across the bases; and for m in RANK_TESTED the exact rank
-    p-value `m_rank_p` = (1 + #{bases with value >= stored}) / (1 + K). If x's distribution is
+    Returns kurtosis and top1_share: the means over the bases (unbiased estimates of each
+    measure's no-privilege null at this d, whatever the activations); kurtosis_sd and
+    kurtosis_median across the bases; and for m in RANK_TESTED the exact rank p-value
+    `m_rank_p` = (1 + #{bases with value >= x's own}) / (1 + K). If x's distribution is
     invariant under rotations (no privileged basis), x and its K rotations are exchangeable, so
     P(p <= j / (1 + K)) <= j / (1 + K): p = 1 / (K + 1) says the stored basis beats every random
-    one."""
+    one. x's own value is computed on the same tokens (with more than RANK_TOKENS tokens it can
+    differ slightly from the metric rows over every token)."""
     v = _tokens(x)
+    v = v[:: -(-v.shape[0] // RANK_TOKENS)]  # every ceil(N / RANK_TOKENS)-th token
+    own = _kurtosis_and_top1(v)
     per_basis = [torch.cat(parts) for parts in zip(*(
-        _basis_stats(torch.matmul(v, bases[i : i + chunk])) for i in range(0, bases.shape[0], chunk)))]
+        _kurtosis_and_top1(torch.matmul(v, bases[i : i + chunk])) for i in range(0, bases.shape[0], chunk)))]
     k = per_basis[0]
-    out = {name: torch.nanmean(values) for name, values in zip(_BASIS_STATS, per_basis)}
-    out[CONTROL_SPREAD] = k.std()
-    out[CONTROL_MEDIAN] = k.median()  # the lower middle of an even count
-    for name in RANK_TESTED:
-        values = per_basis[_BASIS_STATS.index(name)]
-        out[f"{name}_rank_p"] = (1 + (values >= stored[name]).sum()).float() / (1 + values.numel())
+    out = {"kurtosis": torch.nanmean(k), "top1_share": torch.nanmean(per_basis[1]),
+           CONTROL_SPREAD: k.std(), CONTROL_MEDIAN: k.median()}  # the median: the lower middle of an even count
+    for name, values, stored in zip(RANK_TESTED, per_basis, own):
+        out[f"{name}_rank_p"] = (1 + (values >= stored).sum()).float() / (1 + values.numel())
     return out
 
 
-def control_metrics(x: Tensor, bases: Tensor, stored: dict[str, Tensor], threshold: float = 6.0) -> dict[str, Tensor]:
+def control_metrics(x: Tensor, bases: Tensor, threshold: float = 6.0) -> dict[str, Tensor]:
     """The residual stream's random-basis control over K Haar bases (K, d, d): `basis_test`
-    (kurtosis, top-k shares and their spread, rank p-values, every token in every basis), then
-    the other METRICS on one basis' worth of tokens.
+    (kurtosis, top-1 share, their spread and rank p-values, the same tokens in every basis),
+    then the other METRICS on one basis' worth of tokens.
 
-    For those (neuron_kurtosis, outlier counts, max_abs, max_median_ratio) token i (flattened)
+    For those (neuron_kurtosis, outlier counts, max_abs, max_median_ratio, top4_share) token i (flattened)
     is rotated by basis i mod K, in one batched matmul, so they cost what one basis on every
     token costs and see as many tokens as the stored basis does; the last N mod K tokens are
     left out, and with fewer tokens than bases only the first N bases are used."""
     v = _tokens(x)
-    out = basis_test(v, bases, stored)
+    out = basis_test(v, bases)
     k, d = min(bases.shape[0], v.shape[0]), bases.shape[-1]
     n = v.shape[0] // k
     per_basis = torch.bmm(v[: n * k].view(n, k, d).transpose(0, 1), bases[:k])  # (K, n, d): basis j gets tokens j, j+K, ...
@@ -294,8 +302,8 @@ class ActivationProbe:
       layer l = the output of blocks[l-1];
     - `resid`, basis `random` (the control): the same activations read in `n_bases`
       (CONTROL_BASES, 32) fixed Haar-random bases Q_k, drawn once per probe from
-      `generator_for(seed, "probe", k)` (`control_metrics`). Its kurtosis, top1_share and
-      top4_share are the means over the bases of each basis' value on every token: kurtosis
+      `generator_for(seed, "probe", k)` (`control_metrics`). Its kurtosis and top1_share are
+      the means over the bases of each basis' value on the same (up to RANK_TOKENS) tokens: kurtosis
       estimates the exact null `kurtosis_null(d)` = 3(d-1)/(d+1) whatever the activations
       (2.818 at d 32, 2.953 at d 128). `kurtosis_sd` and `kurtosis_median` are the sd (n - 1
       denominator) and median across the bases, so the mean's standard error is
@@ -304,7 +312,7 @@ class ActivationProbe:
       of one basis' worth of rotated tokens (token i in basis Q_(i mod K));
     - `attn_in` / `mlp_in`, basis `computation`, layers 1..L: outputs of block.attn_norm /
       block.mlp_norm (what the layer's first linear map sees, in its own basis), with the same
-      basis test in basis `random` (kurtosis, top-k shares, spread, rank p-values);
+      basis test in basis `random` (kurtosis, top1_share, spread, median, rank p-values);
     - `mlp_act`, basis `neuron`, layers 1..L: output of block.mlp.act;
     - `model`, basis `computation`, layer -1: `dettmers_outliers` over all attn_in + mlp_in.
 
@@ -348,9 +356,8 @@ class ActivationProbe:
                     hits.append(_dettmers_hits(a, self.threshold, pos_frac=0.06))
                 control: dict[str, Tensor] = {}
                 if site in TESTED_SITES:
-                    bases, stored = self.random_bases(a.shape[-1], a.device), dict(zip(METRICS, vals))
-                    control = (control_metrics(a, bases, stored, self.threshold) if site == "resid"
-                               else basis_test(a, bases, stored))
+                    bases = self.random_bases(a.shape[-1], a.device)
+                    control = control_metrics(a, bases, self.threshold) if site == "resid" else basis_test(a, bases)
             keys.extend((layer, site, basis, m) for m in METRICS)
             values.extend(vals)
             keys.extend((layer, site, "random", m) for m in control)

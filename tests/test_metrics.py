@@ -18,6 +18,7 @@ from study.metrics import (
     CONTROL_SPREAD,
     METRICS,
     RANK_TESTED,
+    RANK_TOKENS,
     ActivationProbe,
     basis_test,
     control_metrics,
@@ -97,10 +98,6 @@ def control_inputs(d: int = 64, n: int = 2048) -> dict[str, torch.Tensor]:
             "parallel": u + 0.01 * torch.randn(n, d, generator=g)}
 
 
-def stored_values(x: torch.Tensor) -> dict[str, torch.Tensor]:
-    return {"kurtosis": kurtosis(x), "top1_share": top_share(x, 1), "top4_share": top_share(x, 4)}
-
-
 @pytest.mark.parametrize("name", ["gaussian", "sphere", "heavy", "parallel"])
 def test_control_mean_is_the_exact_null_within_its_standard_error(name):
     """Given any tokens, each basis' kurtosis (over every token) is a draw whose expectation is
@@ -108,10 +105,12 @@ def test_control_mean_is_the_exact_null_within_its_standard_error(name):
     median rows are the spread and median of the single-basis readings."""
     d, x = 64, control_inputs()[name]
     q = control_bases(d)
-    out = control_metrics(x, q, stored_values(x))
+    out = control_metrics(x, q)
     assert set(out) == {*METRICS, CONTROL_SPREAD, CONTROL_MEDIAN, *(f"{m}_rank_p" for m in RANK_TESTED)}
     mean, sd = out["kurtosis"].item(), out[CONTROL_SPREAD].item()
-    single = torch.stack([kurtosis(x @ q[k]) for k in range(CONTROL_BASES)])  # basis k: every token
+    tokens = x[:: -(-x.shape[0] // RANK_TOKENS)]  # the basis test's tokens: every other one of 2048
+    assert tokens.shape[0] == 1024
+    single = torch.stack([kurtosis(tokens @ q[k]) for k in range(CONTROL_BASES)])  # basis k: the same tokens
     assert sd == pytest.approx(single.std().item(), rel=1e-4)
     assert mean == pytest.approx(single.mean().item(), rel=1e-5)
     assert out[CONTROL_MEDIAN].item() == pytest.approx(single.median().item(), rel=1e-5)
@@ -137,7 +136,7 @@ def test_rank_p_is_exact_under_rotation_invariance():
     ps = {"kurtosis_rank_p": [], "top1_share_rank_p": []}
     for s in range(400):
         x = gaussian(n, d, seed=1000 + s)
-        out = basis_test(x, q, stored_values(x))
+        out = basis_test(x, q)
         for m in ps:
             ps[m].append(out[m].item())
     for m, p in ps.items():
@@ -151,9 +150,8 @@ def test_rank_p_counts_random_bases_at_or_above_the_stored_value():
     """By hand: two bases, one the identity (ties count against the stored basis)."""
     x = gaussian(30, 8, seed=5)
     q = torch.stack([torch.eye(8), random_orthogonal(8, generator_for(1, "t"), dtype=torch.float32)])
-    stored = stored_values(x)
-    out = basis_test(x, q, stored)
-    other = kurtosis(x @ q[1]).item() >= stored["kurtosis"].item()
+    out = basis_test(x, q)
+    other = kurtosis(x @ q[1]).item() >= kurtosis(x).item()
     assert out["kurtosis_rank_p"].item() == pytest.approx((1 + 1 + other) / 3)
 
 
@@ -171,7 +169,7 @@ def test_top_share_is_width_free_where_kurtosis_is_not(d):
     assert top_share(rest).item() == pytest.approx(f, rel=0.15)
     assert kurtosis(rest).item() == pytest.approx(d * f**2 + 3 * (1 - f) ** 2, rel=0.15)  # grows with d
     q = control_bases(d, 8)
-    null = basis_test(g, q, stored_values(g))["top1_share"].item()
+    null = basis_test(g, q)["top1_share"].item()
     for tokens in (g, g / g.norm(dim=-1, keepdim=True)):
         assert top_share(tokens).item() == pytest.approx(null, rel=0.03)
     assert top_share(g, 4).item() > top_share(g, 1).item()
@@ -200,7 +198,7 @@ def test_control_other_metrics_see_every_rotated_token():
     d, x = 16, gaussian(70, 16, seed=3)  # 70 tokens, 32 bases: two each, the last 6 left out
     q = control_bases(d)
     rotated = torch.cat([x[k:64:CONTROL_BASES] @ q[k] for k in range(CONTROL_BASES)])
-    out = control_metrics(x, q, stored_values(x), threshold=1.5)
+    out = control_metrics(x, q, threshold=1.5)
     want = {"neuron_kurtosis": neuron_kurtosis(rotated), "outlier_dims_abs": outlier_dims(rotated, 1.5),
             "outlier_dims_rel": outlier_dims(rotated, 1.5, relative=True), "max_abs": max_abs(rotated),
             "max_median_ratio": max_median_ratio(rotated)}
@@ -354,7 +352,7 @@ def expected_keys(n_layers: int) -> set[tuple]:
     tested = (CONTROL_SPREAD, CONTROL_MEDIAN, *(f"{m}_rank_p" for m in RANK_TESTED))
     keys |= {(l, "resid", "random", m) for l in range(n_layers + 1) for m in tested}
     keys |= {(l, s, "random", m) for l in range(1, n_layers + 1) for s in ("attn_in", "mlp_in")
-             for m in ("kurtosis", "top1_share", "top4_share", *tested)}
+             for m in ("kurtosis", "top1_share", *tested)}
     keys |= {(l, s, "computation", m) for l in range(1, n_layers + 1) for s in ("attn_in", "mlp_in") for m in METRICS}
     keys |= {(l, "mlp_act", "neuron", m) for l in range(1, n_layers + 1) for m in METRICS}
     return keys | {(-1, "model", "computation", "dettmers_outliers")}
@@ -436,7 +434,7 @@ def test_probe_control_rows_are_control_metrics_of_the_residual():
     rows = {(r["layer"], r["metric"]): r["value"] for r in probe.run(x, y).rows if r["basis"] == "random"}
     with torch.no_grad():
         emb = model.tok_emb(x) + model.pos_emb(torch.arange(x.shape[1]))
-    want = control_metrics(emb, probe.random_bases(64, emb.device), stored_values(emb))
+    want = control_metrics(emb, probe.random_bases(64, emb.device))
     for metric, value in want.items():
         assert rows[(0, metric)] == pytest.approx(value.item(), rel=1e-5), metric
 
@@ -478,3 +476,18 @@ def test_probe_basis_is_fixed_by_seed():
     assert q.shape == (CONTROL_BASES, 64, 64) and CONTROL_BASES >= 32
     torch.testing.assert_close(q @ q.mT, torch.eye(64).expand(CONTROL_BASES, 64, 64), atol=1e-5, rtol=0)
     assert not torch.allclose(q[0], q[1])  # K different bases, not one repeated
+
+
+def test_basis_test_reads_the_metric_functions_on_its_tokens():
+    """The basis test's one-pass kurtosis and top-1 share are `kurtosis` and `top_share` on the
+    same tokens (at most RANK_TOKENS of them, strided), in its own basis and in each random one."""
+    from study.metrics import _kurtosis_and_top1
+
+    x = control_inputs(n=3000)["heavy"]
+    k, t = _kurtosis_and_top1(x)
+    assert k.item() == pytest.approx(kurtosis(x).item(), rel=1e-5)
+    assert t.item() == pytest.approx(top_share(x).item(), rel=1e-5)
+    q = control_bases(64, 4)
+    out = basis_test(x, q)
+    tokens = x[::3]  # ceil(3000 / 1024) = 3
+    assert out["top1_share"].item() == pytest.approx(torch.stack([top_share(tokens @ b) for b in q]).mean().item(), rel=1e-5)
