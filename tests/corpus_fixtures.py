@@ -25,9 +25,10 @@ def stand_in_corpus(spec_path: Path, workdir: Path, monkeypatch) -> Path | None:
     tokens = data.get("tokens")
     if tokens is None or Path(tokens).exists():
         return None
-    m = re.search(r"sweep data prepare .*--tokenizer bpe:(\d+)", spec_path.read_text())
-    assert m, f"{spec_path.name}: data.tokens needs the `sweep data prepare ... --tokenizer bpe:N` command in its header"
-    vocab = int(m.group(1))
+    m = re.search(r"sweep data prepare .*--tokenizer (?:bpe:(\d+)|bytes)", spec_path.read_text())
+    assert m, (f"{spec_path.name}: data.tokens needs the `sweep data prepare ... --tokenizer bpe:N` (or bytes) "
+               "command in its header")
+    vocab = int(m.group(1)) if m.group(1) else 256
     monkeypatch.chdir(workdir)
     train = yaml.safe_load(spec_path.read_text()).get("train") or {}
     # One train batch and one eval batch must fit (the spec loader checks both).
