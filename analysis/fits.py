@@ -1,18 +1,19 @@
 """Power-law fits over frames: one per group (``fit_each``, ``fit_groups``), as a table,
 as curves to draw, and the comparison of two groups' exponents. The model and its intervals
-are in ``analysis.power_law``.
+are in ``analysis.power_law``; family contrasts (the optimiser as the unit) in
+``analysis.families``, re-exported here.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import polars as pl
 
+from analysis.families import FamilyComparison, compare_families, compare_family_values
 from analysis.power_law import _EMPTY
 from analysis.power_law import ExponentComparison, PowerLawFit, fit_power_law
 
@@ -283,71 +284,6 @@ def compare_exponents(
         n_boot=int(d.size),
         method=method,
     )
-
-
-@dataclass(frozen=True)
-class FamilyComparison:
-    """Family b's exponent minus family a's (``compare_families``), with its interval and a
-    two-sided p for "no difference"; NaN with ``method`` saying why where there is no test."""
-
-    difference: float
-    difference_ci: tuple[float, float]
-    p_value: float
-    method: str
-
-
-def compare_families(
-    a: Sequence[PowerLawFit], b: Sequence[PowerLawFit], confidence: float = 0.95
-) -> FamilyComparison:
-    """Does family b's exponent differ from family a's? A family is exactly the lines given
-    (e.g. adam, adafactor and lion for the per-coordinate family; a fixed-effect contrast):
-    its exponent is the mean of its lines' mean per-seed exponents, so each optimiser counts
-    once however many seeds it has (``compare_family_values`` on the per-seed exponents).
-    Needs 2+ seeds on every line (seeds are the replicates)."""
-    if not a or not b:
-        raise ValueError("compare_families: each family needs at least one fitted line")
-    comparison = compare_family_values(_seed_values(a), _seed_values(b), confidence)
-    few = [f for f in (*a, *b) if f.seed_exponents.size < 2]
-    if few:  # say what a side had to test with
-        return replace(comparison, method=f"{comparison.method} ({_replicates(few[0])})")
-    return comparison
-
-
-def compare_family_values(
-    a: Sequence[np.ndarray], b: Sequence[np.ndarray], confidence: float = 0.95
-) -> FamilyComparison:
-    """Family b minus family a, where each family is its lines' per-seed values (one array per
-    optimiser: exponents, or a level such as kurtosis / null at one size). A family's value is
-    the mean of its lines' seed means, so each line counts once; the variance sums each line's
-    sem² times its weight² (1 / the family's line count), and the t-interval takes
-    Welch-Satterthwaite degrees of freedom. No interval (NaN) unless every line has 2+ seeds."""
-    from scipy import stats
-
-    if not a or not b:
-        raise ValueError("compare_family_values: each family needs at least one line")
-    parts = [(1 / len(a), np.asarray(v, float)) for v in a] + [(-1 / len(b), np.asarray(v, float)) for v in b]
-    difference = -sum(w * float(v.mean()) for w, v in parts)  # b - a
-    few = sum(v.size < 2 for _, v in parts)
-    if few:
-        return FamilyComparison(difference, (math.nan, math.nan), math.nan,
-                                f"no interval: {few} line(s) with fewer than 2 seeds")  # fmt: skip
-    terms = [(w * w) * float(np.var(v, ddof=1)) / v.size for w, v in parts]
-    var = sum(terms)
-    if var == 0:
-        return FamilyComparison(difference, (difference, difference), 0.0 if difference else 1.0,
-                                "no spread over seeds on any line: nothing to test")  # fmt: skip
-    df = var**2 / sum(t * t / (v.size - 1) for t, (_, v) in zip(terms, parts, strict=True))
-    half = float(stats.t.ppf((1 + confidence) / 2, df)) * math.sqrt(var)
-    p = float(2 * stats.t.sf(abs(difference) / math.sqrt(var), df))
-    lines = f"{len(a)} vs {len(b)} optimiser(s)"
-    return FamilyComparison(difference, (difference - half, difference + half), p,
-                            f"Welch-Satterthwaite t over seeds, {lines} (df {df:.1f})")  # fmt: skip
-
-
-def _seed_values(fits: Sequence[PowerLawFit]) -> list[np.ndarray]:
-    """Each line's per-seed exponents, as the family contrast counts them (its pooled exponent
-    where it has no per-seed fits)."""
-    return [f.seed_exponents if f.seed_exponents.size else np.array([f.exponent]) for f in fits]
 
 
 # ---------------------------------------------------------------- internals

@@ -88,6 +88,8 @@ class PowerLawFit:
     """Distinct seeds among the points (None when ``seeds`` was not given)."""
     seed_exponents: np.ndarray = field(default_factory=lambda: _EMPTY, repr=False, compare=False)
     """The per-seed exponents behind a between-seed interval (seeds spanning 2+ sizes)."""
+    seed_labels: tuple[Any, ...] = field(default=(), repr=False, compare=False)
+    """The seed of each of ``seed_exponents`` (same order): what pairs lines by seed."""
 
     @property
     def n_label(self) -> str:
@@ -248,14 +250,15 @@ def fit_power_law(
     else:
         b_ci = a_ci = (math.nan, math.nan)
     interval = "bootstrap over groups" if n_groups is not None else "bootstrap over points"
-    n_seeds, seed_b = None, _EMPTY
+    n_seeds, seed_b, seed_labels = None, _EMPTY, ()
     if seeds is not None:
         labels = np.asarray(seeds)
         if labels.shape != (n,):
             raise ValueError(f"seeds must hold one label per point ({n}), got {labels.shape}")
-        _, idx = np.unique(labels, return_inverse=True)
+        names, idx = np.unique(labels, return_inverse=True)
         n_seeds = int(idx.max()) + 1
         seed_b = seed_exponents(lx, ly, idx)
+        seed_labels = tuple(v.item() if hasattr(v, "item") else v for v in names[np.isfinite(seed_b)])
         seed_b = seed_b[np.isfinite(seed_b)]
         if seed_b.size >= 2:
             b_ci, interval = _seed_interval(seed_b, confidence), f"between-seed t ({seed_b.size} seeds)"
@@ -281,6 +284,7 @@ def fit_power_law(
         interval=interval,
         n_seeds=n_seeds,
         seed_exponents=seed_b,
+        seed_labels=seed_labels,
     )
 
 

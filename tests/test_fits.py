@@ -18,8 +18,6 @@ from analysis import queries
 from analysis.fits import (
     PowerLawFit,
     compare_exponents,
-    compare_families,
-    compare_family_values,
     fit_curves,
     fit_each,
     fit_groups,
@@ -332,78 +330,7 @@ def test_seed_comparison_is_a_welch_test() -> None:
     assert (c.p_value < 0.05) == (not c.difference_ci[0] <= 0 <= c.difference_ci[1])
 
 
-def _seed_fit(b: float, n_seeds: int, rng: np.random.Generator) -> PowerLawFit:
-    x, seeds, y = _simulate(3, n_seeds, 1, rng, b=b)
-    return fit_power_law(x, y[0], offset=3.0, seeds=seeds, n_boot=0)
-
-
-def test_a_family_of_one_line_each_is_the_welch_comparison() -> None:
-    rng = np.random.default_rng(7)
-    fa, fb = _seed_fit(0.2, 3, rng), _seed_fit(0.6, 4, rng)
-    welch = _welch("a", "b", fa, fb, 0.95)
-    fam = compare_families([fa], [fb], 0.95)
-    assert fam.difference == pytest.approx(welch.difference, rel=1e-12)
-    assert fam.difference_ci == pytest.approx(welch.difference_ci, rel=1e-9)
-    assert fam.p_value == pytest.approx(welch.p_value, rel=1e-9)
-    assert fam.method.startswith("Welch-Satterthwaite t over seeds, 1 vs 1 optimiser(s)")
-
-
-def test_a_family_counts_each_optimiser_once() -> None:
-    """Family b = two optimisers at 3 and 8 seeds: its exponent is the mean of their means (not
-    of the 11 seed slopes), and its variance each optimiser's sem² / 4; by hand."""
-    from scipy import stats
-
-    rng = np.random.default_rng(8)
-    fa, fb1, fb2 = _seed_fit(0.0, 3, rng), _seed_fit(0.3, 3, rng), _seed_fit(0.9, 8, rng)
-    c = compare_families([fa], [fb1, fb2], 0.95)
-    means = [f.seed_exponents.mean() for f in (fa, fb1, fb2)]
-    assert c.difference == pytest.approx((means[1] + means[2]) / 2 - means[0], rel=1e-12)
-    terms = [f.seed_exponents.var(ddof=1) / f.seed_exponents.size * w
-             for f, w in ((fa, 1.0), (fb1, 0.25), (fb2, 0.25))]  # fmt: skip
-    dof = sum(terms) ** 2 / sum(t * t / (f.seed_exponents.size - 1) for t, f in zip(terms, (fa, fb1, fb2)))
-    half = stats.t.ppf(0.975, dof) * math.sqrt(sum(terms))
-    assert c.difference_ci == pytest.approx((c.difference - half, c.difference + half), rel=1e-9)
-    assert (c.p_value < 0.05) == (not c.difference_ci[0] <= 0 <= c.difference_ci[1])
-
-
-def test_family_interval_covers_at_its_nominal_rate() -> None:
-    """600 simulated pairs of families (2 vs 1 optimisers, 3 seeds, equal true exponents within
-    a family): the 95% interval covers the true difference 90-98% of the time."""
-    rng = np.random.default_rng(20261202)
-    covered = 0
-    for _ in range(600):
-        c = compare_families([_seed_fit(0.5, 3, rng), _seed_fit(0.5, 3, rng)], [_seed_fit(0.2, 3, rng)])
-        covered += c.difference_ci[0] <= -0.3 <= c.difference_ci[1]
-    assert 0.90 <= covered / 600 <= 0.98, covered
-
-
-def test_a_family_with_one_seed_somewhere_has_no_interval() -> None:
-    rng = np.random.default_rng(9)
-    c = compare_families([_seed_fit(0.2, 3, rng)], [_seed_fit(0.5, 1, rng), _seed_fit(0.5, 3, rng)])
-    assert math.isnan(c.p_value) and all(math.isnan(v) for v in c.difference_ci)
-    assert c.method.startswith("no interval: 1 line(s) with fewer than 2 seeds (1 seed, 3 points)")
-    assert np.isfinite(c.difference)
-    with pytest.raises(ValueError, match="at least one fitted line"):
-        compare_families([], [_seed_fit(0.2, 3, rng)])
-
-
-
-def test_family_values_of_one_line_each_are_scipys_welch_t() -> None:
-    """Levels (one value per seed, e.g. kurtosis / null at one size) go through the same
-    contrast: one line a side is scipy's Welch t; a line with one seed gives no interval."""
-    from scipy import stats
-
-    a, b = np.array([1.02, 0.97, 1.01]), np.array([3.1, 3.9, 3.5, 3.3])
-    c = compare_family_values([a], [b], 0.95)
-    test = stats.ttest_ind(b, a, equal_var=False)
-    ci = test.confidence_interval(0.95)
-    assert c.difference == pytest.approx(b.mean() - a.mean(), rel=1e-12)
-    assert c.difference_ci == pytest.approx((ci.low, ci.high), rel=1e-9)
-    assert c.p_value == pytest.approx(test.pvalue, rel=1e-9)
-    two = compare_family_values([a, a + 0.5], [b], 0.95)  # each line counts once: mean of the means
-    assert two.difference == pytest.approx(b.mean() - (a.mean() + a.mean() + 0.5) / 2, rel=1e-12)
-    one = compare_family_values([a], [b[:1]], 0.95)
-    assert math.isnan(one.p_value) and one.method == "no interval: 1 line(s) with fewer than 2 seeds"
+# family contrasts (the optimiser as the unit): tests/test_families.py
 
 # ---------------------------------------------------------------- scipy vs the hand-written statistics
 

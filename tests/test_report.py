@@ -94,23 +94,37 @@ def test_fits_table_holds_the_known_exponent(report, store) -> None:  # noqa: F8
     assert raw["method"].startswith("Welch t over seeds")
 
 
-def test_family_differences_count_each_optimiser_once(tmp_path: Path) -> None:
-    """adam and lion (per coordinate) against sgd (rotation equivariant), 3 seeds: one row per
-    fit, the per-coordinate exponent the mean of adam's and lion's per-seed means, by hand from
-    the stored rows; with its interval in fits.md, index.html and family_comparisons.csv."""
-    import numpy as np
+FAMILY_OPTIMIZERS = ("adam", "lion", "sgd", "rotated_adam")
+"""Two per-coordinate optimisers against two basis-free ones (rotation_equivariant: sgd;
+fixed_random_basis: rotated_adam), so every side of the primary contrast has two units."""
+
+
+def _family_store(tmp_path: Path, name: str):
     from synthetic_store import write_store
+
+    return write_store(tmp_path, name=name, optimizers=FAMILY_OPTIMIZERS,
+                       exponents={"lion": 0.6, "rotated_adam": None}, steps=(0, 10), quant=False, seed=3)  # fmt: skip
+
+
+def test_family_differences_take_the_optimisers_as_the_unit(tmp_path: Path) -> None:
+    """adam and lion (per coordinate) against sgd and rotated_adam (basis-free), 3 seeds: the
+    declared primary row (per_coordinate minus the other families pooled) is the difference of the
+    means of each optimiser's mean per-seed exponent, with a Welch interval over the two families'
+    between-optimiser variances, by hand from the stored rows; the pairs with a one-optimiser
+    family have no interval; in fits.md, index.html and family_comparisons.csv."""
+    import numpy as np
+    from scipy import stats
 
     from analysis import queries
     from analysis.load import load
 
-    s = write_store(tmp_path, name="fam", optimizers=("adam", "lion", "sgd"), exponents={"lion": 0.6},
-                    steps=(0, 10), quant=False, seed=3)  # fmt: skip
+    s = _family_store(tmp_path, "fam")
     specs = (FitSpec("kurtosis", over_null=True, chart=False),)
     rep = write_report(s.path, tmp_path / "rep", formats=("svg",), fit_specs=specs, n_boot=20)
-    assert rep.family_comparisons.height == 1
-    row = rep.family_comparisons.row(0, named=True)
-    assert (row["family_a"], row["optimizers_a"]) == ("rotation_equivariant", "sgd")
+    fam = rep.family_comparisons
+    assert fam.height == 4  # the primary contrast and the three pairs of families
+    row = fam.filter(pl.col("role") == "primary").row(0, named=True)
+    assert (row["family_a"], row["optimizers_a"]) == ("rotation_equivariant + fixed_random_basis", "sgd + rotated_adam")
     assert (row["family_b"], row["optimizers_b"]) == ("per_coordinate", "adam + lion")
     per = queries.per_trial(load(s.path), "kurtosis", over_null=True).collect()
 
@@ -119,54 +133,64 @@ def test_family_differences_count_each_optimiser_once(tmp_path: Path) -> None:
         return float(np.mean([np.polyfit(np.log(g["params_non_embedding"].to_numpy()), np.log(g["value"].to_numpy()), 1)[0]
                               for _, g in mine.group_by("seed")]))  # fmt: skip
 
-    want = (mean_slope("adam") + mean_slope("lion")) / 2 - mean_slope("sgd")
+    a, b = np.array([mean_slope("sgd"), mean_slope("rotated_adam")]), np.array([mean_slope("adam"), mean_slope("lion")])
+    want = b.mean() - a.mean()
+    va, vb = a.var(ddof=1) / 2, b.var(ddof=1) / 2
+    dof = (va + vb) ** 2 / (va**2 + vb**2)
+    half = stats.t.ppf(0.975, dof) * np.sqrt(va + vb)
     assert row["difference"] == pytest.approx(want, rel=1e-9)
-    assert row["difference_low"] < want < row["difference_high"] and row["difference_low"] > 0
-    assert row["method"].startswith("Welch-Satterthwaite t over seeds, 1 vs 2 optimiser(s)")  # a; b
+    assert (row["difference_low"], row["difference_high"]) == pytest.approx((want - half, want + half), rel=1e-6)
+    assert row["method"].startswith("optimisers as the unit: Welch-Satterthwaite t over 2 vs 2 optimiser means")
+    assert row["p_holm"] == row["p_value"]  # the primary keeps its raw p
+    pairs = fam.filter(pl.col("role") == "secondary")
+    assert sorted(pairs.get_column("family_a").to_list()) == ["per_coordinate", "rotation_equivariant",
+                                                              "rotation_equivariant"]
+    assert pairs.get_column("p_value").is_nan().all()  # each pair has a one-optimiser family
+    assert pairs.get_column("method").str.contains("has 1 optimiser").all()
     md = (Path(rep.out) / "fits.md").read_text()
-    assert "# Family differences (b − a)" in md and "per_coordinate (adam + lion)" in md
+    assert "# Family differences (b − a)" in md and "per_coordinate (adam + lion)" in md and "(primary: raw p)" in md
     assert "Family differences" in (Path(rep.out) / "index.html").read_text()
     csv = pl.read_csv(Path(rep.out) / "family_comparisons.csv")
-    assert csv.get_column("difference").to_list() == pytest.approx([want], rel=1e-9)
+    assert csv.filter(pl.col("role") == "primary").get_column("difference").to_list() == pytest.approx([want], rel=1e-9)
+    assert any(n.startswith("Primary contrast, declared before the run: per_coordinate minus every other family pooled")
+               for n in rep.notes)  # fmt: skip
 
 
 def test_levels_at_each_size_and_the_families_differences_in_them(tmp_path: Path) -> None:
     """What the slopes are fitted to, with intervals: each line's seed mean and t-interval at each
-    size, and at each size per_coordinate (adam + lion) minus rotation_equivariant (sgd), the mean
-    of adam's and lion's seed means minus sgd's with a Welch-Satterthwaite interval; by hand from
-    the stored rows; in levels.csv, family_levels.csv, fits.md and index.html."""
+    size, and at each size per_coordinate (adam + lion) minus the basis-free families pooled (sgd +
+    rotated_adam), the optimisers as the units, by hand from the stored rows; primary at the
+    largest size only; in levels.csv, family_levels.csv, fits.md and index.html."""
     import numpy as np
     from scipy import stats
-    from synthetic_store import write_store
 
     from analysis import queries
     from analysis.load import load
 
-    s = write_store(tmp_path, name="lev", optimizers=("adam", "lion", "sgd"), exponents={"lion": 0.6},
-                    steps=(0, 10), quant=False, seed=3)  # fmt: skip
+    s = _family_store(tmp_path, "lev")
     specs = (FitSpec("kurtosis", over_null=True, chart=False),)
     rep = write_report(s.path, tmp_path / "rep", formats=("svg",), fit_specs=specs, n_boot=20)
     per = queries.per_trial(load(s.path), "kurtosis", over_null=True).collect()
     sizes = sorted(per.get_column("params_non_embedding").unique().to_list())
-    assert rep.levels.height == 3 * len(sizes) and rep.family_levels.height == len(sizes)
+    assert rep.levels.height == 4 * len(sizes) and rep.family_levels.height == 4 * len(sizes)
     for size in sizes:
         at = per.filter(pl.col("params_non_embedding") == size)
-        seeds = {o: at.filter(pl.col("optimizer") == o).get_column("value").to_numpy() for o in ("adam", "lion", "sgd")}
+        seeds = {o: at.filter(pl.col("optimizer") == o).get_column("value").to_numpy() for o in FAMILY_OPTIMIZERS}
         adam = rep.levels.filter(pl.col("size") == size, pl.col("optimizer") == "adam").row(0, named=True)
         half = stats.t.ppf(0.975, len(seeds["adam"]) - 1) * seeds["adam"].std(ddof=1) / np.sqrt(len(seeds["adam"]))
         assert adam["n_seeds"] == 3 and adam["mean"] == pytest.approx(seeds["adam"].mean(), rel=1e-12)
         assert (adam["ci_low"], adam["ci_high"]) == pytest.approx((adam["mean"] - half, adam["mean"] + half), rel=1e-9)
-        row = rep.family_levels.filter(pl.col("size") == size).row(0, named=True)
-        assert (row["family_a"], row["family_b"], row["optimizers_b"]) == ("rotation_equivariant", "per_coordinate",
-                                                                          "adam + lion")  # fmt: skip
-        want = (seeds["adam"].mean() + seeds["lion"].mean()) / 2 - seeds["sgd"].mean()
-        terms = [w * w * v.var(ddof=1) / v.size for w, v in ((0.5, seeds["adam"]), (0.5, seeds["lion"]), (1, seeds["sgd"]))]
-        dof = sum(terms) ** 2 / sum(t * t / 2 for t in terms)
-        half = stats.t.ppf(0.975, dof) * np.sqrt(sum(terms))
+        row = rep.family_levels.filter(pl.col("size") == size, pl.col("family_b") == "per_coordinate",
+                                       pl.col("family_a").str.contains(" + ", literal=True)).row(0, named=True)  # fmt: skip
+        assert row["role"] == ("primary" if size == sizes[-1] else "secondary")
+        a = np.array([seeds["sgd"].mean(), seeds["rotated_adam"].mean()])
+        b = np.array([seeds["adam"].mean(), seeds["lion"].mean()])
+        va, vb = a.var(ddof=1) / 2, b.var(ddof=1) / 2
+        dof = (va + vb) ** 2 / (va**2 + vb**2)
+        half = stats.t.ppf(0.975, dof) * np.sqrt(va + vb)
+        want = b.mean() - a.mean()
         assert row["difference"] == pytest.approx(want, rel=1e-9)
-        assert (row["difference_low"], row["difference_high"]) == pytest.approx((want - half, want + half), rel=1e-9)
-    largest = rep.family_levels.filter(pl.col("size") == sizes[-1]).row(0, named=True)
-    assert largest["difference_low"] > 0  # the planted excess grows with size: decided at the largest
+        assert (row["difference_low"], row["difference_high"]) == pytest.approx((want - half, want + half), rel=1e-6)
     out = Path(rep.out)
     assert pl.read_csv(out / "levels.csv").height == rep.levels.height
     assert pl.read_csv(out / "family_levels.csv").get_column("difference").to_list() == pytest.approx(
@@ -175,6 +199,58 @@ def test_levels_at_each_size_and_the_families_differences_in_them(tmp_path: Path
     assert "# Levels at each size" in md and "# Family differences in level at each size (b − a)" in md
     page = (out / "index.html").read_text()
     assert "<h2>Levels at each size</h2>" in page and "<h2>Family differences in level</h2>" in page
+
+
+def test_a_family_difference_carried_by_one_optimiser_is_not_a_family_effect(tmp_path: Path) -> None:
+    """adam alone grows outliers; lion and adafactor (its family) and sgd, rotated_adam and soap
+    read the null; 5 seeds, tiny noise. The primary contrast (per_coordinate minus the rest
+    pooled) is not a family effect in slope or in level at the largest size (p > 0.05), though
+    adam against sgd is decided; every secondary p carries its Holm adjustment over all three
+    tables together."""
+    import numpy as np
+    from statsmodels.stats.multitest import multipletests
+    from synthetic_store import write_store
+
+    optimizers = ("adam", "lion", "adafactor", "sgd", "rotated_adam", "soap")
+    s = write_store(tmp_path, name="one", optimizers=optimizers, seeds=(0, 1, 2, 3, 4), noise=0.01,
+                    layer_noise=0.002, exponents={"adam": 0.5, **{o: None for o in optimizers[1:]}},
+                    steps=(0, 10), quant=False, seed=5)  # fmt: skip
+    specs = (FitSpec("kurtosis", over_null=True, chart=False),)
+    rep = write_report(s.path, tmp_path / "rep", formats=("svg",), fit_specs=specs, n_boot=20)
+    slope = rep.family_comparisons.filter(pl.col("role") == "primary").row(0, named=True)
+    level = rep.family_levels.filter(pl.col("role") == "primary").row(0, named=True)
+    for row in (slope, level):
+        assert row["optimizers_b"] == "adafactor + adam + lion" and row["difference"] > 0
+        assert row["p_value"] > 0.05, row
+        assert row["method"].startswith("optimisers as the unit: Welch-Satterthwaite t over 3 vs 3 optimiser means")
+    pair = rep.comparisons.filter(pl.col("a").str.starts_with("sgd"), pl.col("b").str.starts_with("adam")).row(0, named=True)
+    assert pair["p_value"] < 1e-4 and pair["p_holm"] < 0.05  # the one optimiser's effect is real
+    tables = (rep.comparisons, rep.family_comparisons, rep.family_levels)
+    secondary = pl.concat([t.filter(pl.col("role") != "primary") if "role" in t.columns else t for t in tables],
+                          how="diagonal_relaxed").filter(pl.col("p_value").is_not_nan())  # fmt: skip
+    want = multipletests(secondary.get_column("p_value").to_numpy(), method="holm")[1]
+    assert secondary.get_column("p_holm").to_numpy() == pytest.approx(want, rel=1e-12)
+    assert np.all(want >= secondary.get_column("p_value").to_numpy())
+
+
+def test_the_primary_contrast_is_a_report_option(tmp_path: Path) -> None:
+    """``primary``: another family against named ones, in a named fit, or none at all (every
+    test then Holm-adjusted)."""
+    s = _family_store(tmp_path, "opt")
+    specs = (FitSpec("kurtosis", over_null=True, chart=False), FitSpec("kurtosis", "mlp_in", "computation",
+                                                                     over_null=True, chart=False))  # fmt: skip
+    rep = write_report(s.path, tmp_path / "a", formats=("svg",), fit_specs=specs, n_boot=20,
+                       primary="per_coordinate:fixed_random_basis@kurtosis_mlp_in_over_null")  # fmt: skip
+    primary = rep.family_comparisons.filter(pl.col("role") == "primary")
+    assert primary.height == 1 and primary.row(0, named=True)["fit"].startswith("kurtosis / null 3(d−1)/(d+1), MLP input")
+    assert primary.row(0, named=True)["family_a"] == "fixed_random_basis"
+    assert rep.family_levels.filter(pl.col("role") == "primary").height == 1
+    none = write_report(s.path, tmp_path / "b", formats=("svg",), fit_specs=specs, n_boot=20, primary="none")
+    assert (none.family_comparisons.get_column("role") == "secondary").all()
+    assert any(n.startswith("No primary contrast declared") for n in none.notes)
+    missing = write_report(s.path, tmp_path / "c", formats=("svg",), fit_specs=specs, n_boot=20, primary="per_coordinate@nope")
+    assert any("not among the report's fits" in n for n in missing.notes)
+
 
 def test_a_fit_through_two_points_says_it_has_no_interval(tmp_path: Path) -> None:
     """One seed at two sizes: an exact line, no interval; the tables say "(no CI)", not [nan, nan]."""

@@ -8,7 +8,9 @@ for each format (svg / png / pdf through vl-convert, html self-contained, json =
 Vega-Lite spec), a fits table (``fits.csv``, ``fits.md``, ``fits.tex``), slope comparisons
 between optimisers (``comparisons.csv``) and between optimiser families
 (``family_comparisons.csv``), the fitted quantities at each size with their seed intervals
-(``levels.csv``) and the families' differences in them (``family_levels.csv``),
+(``levels.csv``) and the families' differences in them (``family_levels.csv``; family
+contrasts take the optimisers as the units, seeds paired; one declared primary contrast keeps
+its raw p, every other p in the three comparison tables is Holm-adjusted in ``p_holm``),
 ``best_lr.csv``, the fitted best lr against size (``lr_fit.csv``, where lr ladders ran at 2+
 sizes), ``onset.csv`` and ``index.html``: one self-contained page with every chart inlined
 as SVG, the tables, the invariance checks and the failed trials.
@@ -33,6 +35,7 @@ import polars as pl
 
 from analysis import storage
 from analysis.load import Results, load
+from analysis.multiplicity import DEFAULT_PRIMARY, PrimaryContrast, parse_primary
 from analysis.report import render
 from analysis.report.content import COUNT_FIT_NOTE, build
 from analysis.report.fits import DEFAULT_FITS, FitSpec
@@ -80,6 +83,7 @@ def write_report(
     confidence: float = 0.95,
     png_scale: float = 2.0,
     onset_threshold: float = 3.5,
+    primary: PrimaryContrast | str | None = DEFAULT_PRIMARY,
     on_progress: Callable[[str], None] | None = None,
 ) -> ReportResult:
     """Load the sweep at ``path``, fit, chart, and write everything to ``out``
@@ -88,8 +92,13 @@ def write_report(
     ``formats``: any of svg, png, pdf, html, json (``png_scale`` x the 72-dpi size; 2 gives
     ~144 dpi at one paper column). The main charts and fits show the best-lr points
     (``selection.best_lr``); ``onset_threshold`` is the kurtosis whose first crossing is marked.
+    ``primary``: the one contrast declared before the run (``multiplicity.PrimaryContrast``, or
+    its text ``FAMILY[:AGAINST+AGAINST...][@FIT]``, or ``"none"``); default ``per_coordinate``
+    minus every other family pooled, in the first fit: its slope and its level at the largest
+    size keep their raw p, every other comparison's p is Holm-adjusted (``p_holm``).
     ``on_progress(msg)`` is called at each stage.
     Returns a ``ReportResult`` listing the files, the fits and notes (what was skipped)."""
+    primary = parse_primary(primary)
     bad = [f for f in formats if f not in FORMATS]
     if bad:
         raise ValueError(f"unknown format(s) {bad}; choose from {', '.join(FORMATS)}")
@@ -105,7 +114,7 @@ def write_report(
     with VegaWorkers(formats, png_scale, render.vl_version()) as workers:
         c = build(
             results, x=x, fit_specs=fit_specs, n_boot=n_boot, seed=seed, confidence=confidence,
-            onset_threshold=onset_threshold, say=say, on_chart=workers.submit,
+            onset_threshold=onset_threshold, primary=primary, say=say, on_chart=workers.submit,
         )  # fmt: skip
         say(f"rendering {len(c.charts)} charts ({', '.join(formats)}) on {max(1, len(workers.procs))} processes")
         rendered = render.render_charts(c.charts, formats, png_scale, workers)

@@ -18,7 +18,10 @@ from analysis.load import Results
 from analysis.lr_fit import fit_lr_scaling, lr_fit_curves
 from analysis.null import NULL_LABEL
 from analysis.query_base import group_keys, summarise
-from analysis.report.fits import DEFAULT_FITS, FitSpec, compare_family_lines, compare_lines, level_rows
+from analysis.multiplicity import DEFAULT_PRIMARY, PrimaryContrast
+from analysis.report.fits import (
+    DEFAULT_FITS, FitSpec, adjust_comparisons, compare_family_lines, compare_lines, level_rows, primary_fit,
+)  # fmt: skip
 
 __all__ = ["ReportContent", "build"]
 
@@ -68,11 +71,13 @@ def build(
     seed: int = 0,
     confidence: float = 0.95,
     onset_threshold: float = 3.5,
+    primary: PrimaryContrast | None = DEFAULT_PRIMARY,
     say: Callable[[str], None] = lambda _msg: None,
     on_chart: Callable[[str, Any], None] = lambda _name, _chart: None,
 ) -> ReportContent:
     """Compute the report's content from ``results`` (see ``report.write_report``).
     ``on_chart(name, chart)`` is called as each chart is ready (to start rendering it)."""
+    first = primary_fit(fit_specs, primary)  # the fit the primary contrast is read in
     c = ReportContent(name=results.name, path=results.path, x=x)
     built = _Built(on_chart)  # name -> (chart, caption)
     # ---- runs: what finished, what did not (ids derived once, see analysis.identity)
@@ -293,7 +298,7 @@ def build(
                 table = None
             # a fixed row order: the bootstrap resamples by position (group_by order is not fixed)
             per = per.filter(pl.col("value").is_finite()).sort(line, x, "seed", "trial_id")
-            levels, family_levels = level_rows(per, x, line, spec, confidence)
+            levels, family_levels = level_rows(per, x, line, spec, confidence, primary, spec is first)
             level_tables += levels
             family_level_rows += family_levels
             fitted: dict[Any, Any] = {}
@@ -309,7 +314,7 @@ def build(
                 fit_tables.append(ft.filter(pl.col("exponent").is_not_null()))
                 skipped += ft.filter(pl.col("exponent").is_null()).select("fit", "config", "note").to_dicts()
                 comparison_rows += compare_lines(per, x, line, spec, n_boot, seed, confidence, fitted)
-                family_rows += compare_family_lines(per, line, spec, confidence, fitted)
+                family_rows += compare_family_lines(per, line, spec, confidence, fitted, primary, spec is first)
             if not spec.chart:
                 continue
             curves = None
@@ -368,6 +373,10 @@ def build(
     c.family_comparisons = pl.from_dicts(family_rows) if family_rows else pl.DataFrame()
     c.levels = pl.from_dicts(level_tables) if level_tables else pl.DataFrame()
     c.family_levels = pl.from_dicts(family_level_rows) if family_level_rows else pl.DataFrame()
+    if c.comparisons.height or c.family_comparisons.height or c.family_levels.height:
+        c.comparisons, c.family_comparisons, c.family_levels, note = adjust_comparisons(
+            c.comparisons, c.family_comparisons, c.family_levels, primary, fit_specs)
+        c.notes.append(note)
     if c.fits.height and c.fits.get_column("fit").str.starts_with("outlier fraction").any():
         c.notes.append(COUNT_FIT_NOTE)
     if c.fits.height and {"optimizer", "config", "exponent_low"} <= set(c.fits.columns):

@@ -3,18 +3,23 @@ exponents between optimisers and families, and the levels at each size they are 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import polars as pl
 
-from analysis import charts, fits, queries, selection
+from analysis import charts, families, fits, queries, selection
 from analysis.labels import SITE_NAMES
+from analysis.multiplicity import PRIMARY, SECONDARY, PrimaryContrast, adjust_tables
 from analysis.null import NULL_LABEL
 from analysis.query_base import summarise
 
-__all__ = ["DEFAULT_FITS", "FitSpec", "compare_family_lines", "compare_lines", "level_rows"]
+__all__ = [
+    "DEFAULT_FITS", "FitSpec", "adjust_comparisons", "compare_family_lines", "compare_lines", "family_contrasts",
+    "level_rows", "primary_fit",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -136,51 +141,83 @@ def compare_lines(
     return rows
 
 
+def family_contrasts(families: Sequence[str], primary: PrimaryContrast | None) -> list[tuple[tuple[str, ...], str, bool]]:
+    """The family contrasts of one stratum, ``(a families, b family, declared)``: every pair
+    (a the reference: rotation_equivariant, else the first in ``charts.FAMILY_ORDER``), and the
+    declared primary contrast (``primary.family`` minus its pooled others) where that family
+    and another are present; a pair that is the declared contrast (either way round) is
+    replaced by it."""
+    order = list(dict.fromkeys(["rotation_equivariant", *charts.FAMILY_ORDER]))
+    fams = sorted(families, key=lambda f: order.index(f) if f in order else len(order))
+    pairs = [((fa,), fb, False) for i, fa in enumerate(fams) for fb in fams[i + 1 :]]
+    if primary is None or primary.family not in fams:
+        return pairs
+    pooled = tuple(primary.against_in(fams))
+    if not pooled:
+        return pairs
+    same = {(pooled, primary.family), ((primary.family,), pooled[0])} if len(pooled) == 1 else set()
+    return [(pooled, primary.family, True), *(p for p in pairs if (p[0], p[1]) not in same)]
+
+
 def compare_family_lines(
-    per: pl.DataFrame, line: str, spec: FitSpec, confidence: float, fitted: dict[Any, Any]
+    per: pl.DataFrame,
+    line: str,
+    spec: FitSpec,
+    confidence: float,
+    fitted: dict[Any, Any],
+    primary: PrimaryContrast | None = None,
+    primary_fit: bool = False,
 ) -> list[dict[str, Any]]:
-    """Every pair of optimiser families within one stratum (same norm and rotation) with a
-    fitted line on both sides: family b's exponent minus family a's (``fits.compare_families``:
-    a family's exponent is the mean of its optimisers' per-seed means). a is the reference
-    family (rotation_equivariant, else the first in ``charts.FAMILY_ORDER``)."""
+    """Every family contrast within one stratum (same norm and rotation) with fitted lines on
+    both sides (``family_contrasts``): family b's exponent minus family a's, the optimisers as
+    the units, seeds paired (``families.compare_families``). ``role`` is ``primary`` on the
+    declared contrast when ``primary_fit`` (this spec is the primary's fit), else
+    ``secondary``."""
     if not {"optimizer", "optimizer_family"} <= set(per.columns) or spec.count:
         return []
     strata = [c for c in ("norm", "rotation_label") if c in per.columns]
     ok = [k[0] for k, v in fitted.items() if isinstance(v, fits.PowerLawFit)]
     info = per.group_by(line).agg(pl.col(c).first() for c in ["optimizer", "optimizer_family", *strata])
     info = info.filter(pl.col(line).is_in(ok))
-    order = list(dict.fromkeys(["rotation_equivariant", *charts.FAMILY_ORDER]))
     rows = []
     for key, group in (info.partition_by(strata, as_dict=True) if strata else {(): info}).items():
         members: dict[str, list[dict[str, Any]]] = {}
         for r in sorted(group.iter_rows(named=True), key=lambda r: str(r["optimizer"])):
             members.setdefault(r["optimizer_family"], []).append(r)
-        fams = sorted(members, key=lambda f: order.index(f) if f in order else len(order))
-        for i, fa in enumerate(fams):
-            for fb in fams[i + 1 :]:
-                c = fits.compare_families(
-                    [fitted[(r[line],)] for r in members[fa]], [fitted[(r[line],)] for r in members[fb]], confidence
-                )
-                rows.append({
-                    "fit": spec.label, **dict(zip(strata, key, strict=True)),
-                    "family_a": fa, "family_b": fb,
-                    "optimizers_a": " + ".join(r["optimizer"] for r in members[fa]),
-                    "optimizers_b": " + ".join(r["optimizer"] for r in members[fb]),
-                    "difference": c.difference, "difference_low": c.difference_ci[0],
-                    "difference_high": c.difference_ci[1], "p_value": c.p_value, "method": c.method,
-                })  # fmt: skip
+        for fa, fb, declared in family_contrasts(list(members), primary):
+            side_a = [r for f in fa for r in members[f]]
+            name_a = " + ".join(fa)
+            c = families.compare_families(
+                [fitted[(r[line],)] for r in side_a], [fitted[(r[line],)] for r in members[fb]], confidence,
+                labels=(name_a, fb),
+            )  # fmt: skip
+            rows.append({
+                "fit": spec.label, **dict(zip(strata, key, strict=True)),
+                "family_a": name_a, "family_b": fb,
+                "optimizers_a": " + ".join(r["optimizer"] for r in side_a),
+                "optimizers_b": " + ".join(r["optimizer"] for r in members[fb]),
+                "difference": c.difference, "difference_low": c.difference_ci[0],
+                "difference_high": c.difference_ci[1], "p_value": c.p_value, "method": c.method,
+                "role": PRIMARY if declared and primary_fit else SECONDARY,
+            })  # fmt: skip
     return rows
 
 
 def level_rows(
-    per: pl.DataFrame, x: str, line: str, spec: FitSpec, confidence: float
+    per: pl.DataFrame,
+    x: str,
+    line: str,
+    spec: FitSpec,
+    confidence: float,
+    primary: PrimaryContrast | None = None,
+    primary_fit: bool = False,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """What the fits are fitted to, with intervals: each line's seed mean at each size with its
-    t-interval (levels), and at each size, within one stratum (norm and rotation), every pair of
-    optimiser families' difference in level (``fits.compare_family_values``: a family's level is
-    the mean of its lines' seed means, a line being one optimiser config, as in
-    ``compare_family_lines``). With three widths a slope is rarely decided; the level at the
-    largest width often is."""
+    t-interval (levels), and at each size, within one stratum (norm and rotation), every family
+    contrast (``family_contrasts``) in level: the optimisers as the units, seeds paired
+    (``families.compare_family_values``, a line being one optimiser config). ``role`` is
+    ``primary`` on the declared contrast at the largest size when ``primary_fit``. With three
+    widths a slope is rarely decided; the level at the largest width often is."""
     if spec.count or not per.height:
         return [], []
     strata = [c for c in ("norm", "rotation_label") if c in per.columns]
@@ -194,23 +231,66 @@ def level_rows(
     ]
     if "optimizer_family" not in per.columns:
         return levels, []
-    order = list(dict.fromkeys(["rotation_equivariant", *charts.FAMILY_ORDER]))
-    families = []
+    largest = per.get_column(x).max()
+    rows = []
     for key, group in per.sort([*strata, x]).partition_by([*strata, x], as_dict=True, maintain_order=True).items():
-        members: dict[str, list[tuple[str, np.ndarray]]] = {}  # family -> (optimizer, seed values) per line
+        members: dict[str, list[tuple[str, dict[Any, float]]]] = {}  # family -> (optimizer, {seed: value}) per line
         for g in sorted(group.partition_by(line), key=lambda g: (str(g["optimizer"][0]), str(g[line][0]))):
-            values = g.get_column("value").drop_nans().drop_nulls().to_numpy()
-            members.setdefault(g["optimizer_family"][0], []).append((g["optimizer"][0], values))
-        fams = sorted(members, key=lambda f: order.index(f) if f in order else len(order))
-        for i, fa in enumerate(fams):
-            for fb in fams[i + 1 :]:
-                c = fits.compare_family_values([v for _, v in members[fa]], [v for _, v in members[fb]], confidence)
-                families.append({
-                    "fit": spec.label, **dict(zip(strata, key[:-1], strict=True)), "size": key[-1],
-                    "family_a": fa, "family_b": fb,
-                    "optimizers_a": " + ".join(o for o, _ in members[fa]),
-                    "optimizers_b": " + ".join(o for o, _ in members[fb]),
-                    "difference": c.difference, "difference_low": c.difference_ci[0],
-                    "difference_high": c.difference_ci[1], "p_value": c.p_value, "method": c.method,
-                })  # fmt: skip
-    return levels, families
+            g = g.filter(pl.col("value").is_not_null() & pl.col("value").is_not_nan())
+            if g.height:
+                by_seed = dict(zip(g.get_column("seed").to_list(), g.get_column("value").to_list(), strict=True))
+                members.setdefault(g["optimizer_family"][0], []).append((g["optimizer"][0], by_seed))
+        for fa, fb, declared in family_contrasts(list(members), primary):
+            side_a = [m for f in fa for m in members[f]]
+            name_a = " + ".join(fa)
+            c = families.compare_family_values([v for _, v in side_a], [v for _, v in members[fb]], confidence,
+                                               labels=(name_a, fb))  # fmt: skip
+            rows.append({
+                "fit": spec.label, **dict(zip(strata, key[:-1], strict=True)), "size": key[-1],
+                "family_a": name_a, "family_b": fb,
+                "optimizers_a": " + ".join(o for o, _ in side_a),
+                "optimizers_b": " + ".join(o for o, _ in members[fb]),
+                "difference": c.difference, "difference_low": c.difference_ci[0],
+                "difference_high": c.difference_ci[1], "p_value": c.p_value, "method": c.method,
+                "role": PRIMARY if declared and primary_fit and key[-1] == largest else SECONDARY,
+            })  # fmt: skip
+    return levels, rows
+
+
+def primary_fit(fit_specs: Sequence[FitSpec], primary: PrimaryContrast | None) -> FitSpec | None:
+    """The fit the primary contrast is read in: the spec named ``primary.fit``, else the first
+    (None without a primary, or when no spec has that name)."""
+    if primary is None or not fit_specs:
+        return None
+    if primary.fit is None:
+        return fit_specs[0]
+    return next((s for s in fit_specs if s.name == primary.fit), None)
+
+
+def adjust_comparisons(
+    comparisons: pl.DataFrame, family_comparisons: pl.DataFrame, family_levels: pl.DataFrame,
+    primary: PrimaryContrast | None, fit_specs: Sequence[FitSpec],
+) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, str]:
+    """The three comparison tables with ``p_holm`` (``multiplicity.adjust_tables``: one Holm
+    family over every secondary test; the primary rows keep their raw p), and a note saying
+    what the primary contrast was and whether the report found it."""
+    comparisons, family_comparisons, family_levels = adjust_tables([comparisons, family_comparisons, family_levels])
+    n = sum(int(t.get_column("p_value").is_not_nan().sum()) for t in (comparisons, family_comparisons, family_levels)
+            if "p_value" in t.columns)  # fmt: skip
+    found = sum(int((t.get_column("role") == PRIMARY).sum()) for t in (family_comparisons, family_levels)
+                if "role" in t.columns)  # fmt: skip
+    spec = primary_fit(fit_specs, primary)
+    if primary is None:
+        return comparisons, family_comparisons, family_levels, (
+            f"No primary contrast declared: all {n} p-values in the comparison tables are one Holm family (p_holm).")
+    if spec is None or not found:
+        where = f"fit {primary.fit!r} is not among the report's fits" if spec is None else \
+            "its families are not both present with fitted lines"
+        return comparisons, family_comparisons, family_levels, (
+            f"Primary contrast {primary} not found ({where}): all {n} p-values in the comparison tables are one "
+            "Holm family (p_holm).")  # fmt: skip
+    return comparisons, family_comparisons, family_levels, (
+        f"Primary contrast, declared before the run: {primary.family} minus "
+        f"{' + '.join(primary.against) if primary.against else 'every other family pooled'}, the optimisers as "
+        f"the units, in {spec.label}: its slope and its level at the largest size (role = primary, raw p). "
+        f"The other {n - found} p-values in the comparison tables are Holm-adjusted together (p_holm).")

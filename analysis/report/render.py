@@ -106,7 +106,9 @@ INTERVALS = (
 COMPARISONS = (
     "Two-sided p-values from Welch's t over per-seed exponents (2+ seeds a side), else from "
     f"independent bootstraps ({MIN_BOOTSTRAP_UNITS}+ points a side); with fewer replicates there "
-    "is no test: p is — and the Method column says why."
+    "is no test: p is — and the Method column says why. p (Holm): adjusted with every other "
+    "secondary test of the report (optimiser pairs, family contrasts of slope and level) as one "
+    "Holm family."
 )
 
 
@@ -138,19 +140,23 @@ def comparisons_table(c: pl.DataFrame) -> Table:
     """exponent(b) − exponent(a) between optimisers at the same norm and rotation."""
     strata = [s for s in c.columns if s in ("norm", "rotation_label")]
     rows = [
-        [r["fit"], *[fmt(r[s]) for s in strata], r["a"], r["b"], _difference(r),
-         "—" if _missing(r["p_value"]) else f"{r['p_value']:.3g}", f"{r['n_a']}; {r['n_b']}", r.get("method") or ""]  # fmt: skip
+        [r["fit"], *[fmt(r[s]) for s in strata], r["a"], r["b"], _difference(r), _p(r["p_value"]), _p_holm(r),
+         f"{r['n_a']}; {r['n_b']}", r.get("method") or ""]  # fmt: skip
         for r in c.iter_rows(named=True)
     ]
-    head = ["Fit", *[s.removesuffix("_label") for s in strata], "a", "b", "Difference [CI]", "p", "n (a; b)", "Method"]
+    head = ["Fit", *[s.removesuffix("_label") for s in strata], "a", "b", "Difference [CI]", "p", "p (Holm)",
+            "n (a; b)", "Method"]  # fmt: skip
     return Table(head, rows)
 
 
 FAMILY_COMPARISONS = (
-    "A family's exponent is the mean of its optimisers' mean per-seed exponents (the family as "
-    "exactly the optimisers listed, each counted once); the interval and p come from a "
-    "Welch-Satterthwaite t over the optimisers' seed variances (2+ seeds on every line, else no "
-    "interval)."
+    "The optimiser is the unit of a family claim: each optimiser's exponent is its mean over seeds "
+    "after removing seed effects (seeds are shared across optimisers, so they pair), a family's "
+    "exponent the mean of its optimisers' (the family as exactly the optimisers listed); the interval "
+    "and p come from a Welch-Satterthwaite t whose variance is each family's between-optimiser "
+    "variance / its optimiser count. A family with one optimiser has no between-optimiser variance "
+    "and cannot carry a family claim: no interval. The declared primary contrast (Role: primary) "
+    "keeps its raw p; every other p is Holm-adjusted (p (Holm))."
 )
 
 
@@ -159,11 +165,12 @@ def family_comparisons_table(c: pl.DataFrame) -> Table:
     strata = [s for s in c.columns if s in ("norm", "rotation_label")]
     rows = [
         [r["fit"], *[fmt(r[s]) for s in strata], f"{r['family_a']} ({r['optimizers_a']})",
-         f"{r['family_b']} ({r['optimizers_b']})", _difference(r),
-         "—" if _missing(r["p_value"]) else f"{r['p_value']:.3g}", r.get("method") or ""]  # fmt: skip
+         f"{r['family_b']} ({r['optimizers_b']})", _difference(r), _p(r["p_value"]), _p_holm(r),
+         r.get("role") or "", r.get("method") or ""]  # fmt: skip
         for r in c.iter_rows(named=True)
     ]
-    head = ["Fit", *[s.removesuffix("_label") for s in strata], "Family a", "Family b", "Difference [CI]", "p", "Method"]
+    head = ["Fit", *[s.removesuffix("_label") for s in strata], "Family a", "Family b", "Difference [CI]", "p",
+            "p (Holm)", "Role", "Method"]  # fmt: skip
     return Table(head, rows)
 
 
@@ -172,9 +179,10 @@ LEVELS = (
     "over seeds and the number of seeds (each optimiser at its best lr at that size)."
 )
 FAMILY_LEVELS = (
-    "At each size, a family's level is the mean of its optimisers' seed means (each optimiser "
-    "counted once); the interval and p come from a Welch-Satterthwaite t over the optimisers' "
-    "seed variances (2+ seeds on every line, else no interval)."
+    "At each size, the same contrast of levels: each optimiser's seed mean after removing seed "
+    "effects, a family's level the mean of its optimisers', a Welch-Satterthwaite t over the "
+    "between-optimiser variances (a one-optimiser family: no interval). The primary contrast is "
+    "read at the largest size; every other p is Holm-adjusted (p (Holm))."
 )
 
 
@@ -197,17 +205,28 @@ def family_levels_table(c: pl.DataFrame) -> Table:
     strata = [s for s in c.columns if s in ("norm", "rotation_label")]
     rows = [
         [r["fit"], *[fmt(r[s]) for s in strata], format_count(r["size"]), f"{r['family_a']} ({r['optimizers_a']})",
-         f"{r['family_b']} ({r['optimizers_b']})", _difference(r),
-         "—" if _missing(r["p_value"]) else f"{r['p_value']:.3g}", r.get("method") or ""]  # fmt: skip
+         f"{r['family_b']} ({r['optimizers_b']})", _difference(r), _p(r["p_value"]), _p_holm(r),
+         r.get("role") or "", r.get("method") or ""]  # fmt: skip
         for r in c.iter_rows(named=True)
     ]
     head = ["Fit", *[s.removesuffix("_label") for s in strata], "Size", "Family a", "Family b", "Difference [CI]", "p",
-            "Method"]  # fmt: skip
+            "p (Holm)", "Role", "Method"]  # fmt: skip
     return Table(head, rows)
 
 
 def _missing(v: float | None) -> bool:
     return v is None or math.isnan(v)
+
+
+def _p(v: float | None) -> str:
+    return "—" if _missing(v) else f"{v:.3g}"
+
+
+def _p_holm(r: dict[str, Any]) -> str:
+    """The Holm-adjusted p, ``raw`` on the primary row (it keeps its raw p)."""
+    if r.get("role") == "primary":
+        return "(primary: raw p)"
+    return _p(r.get("p_holm"))
 
 
 def _difference(r: dict[str, Any]) -> str:

@@ -6,17 +6,19 @@ params) per optimiser; and the differences between optimiser families.
 
 Slopes: one least-squares slope per seed over the widths that seed has; the interval is a 95%
 t-interval over seeds (with one seed: the fit's own t-interval over the widths, marked).
-Family differences (of slopes, and of kurtosis / null at each width): a family's value is the
-mean of its optimisers' seed means (the family as exactly these optimisers); the difference
-between two families gets a Welch-Satterthwaite t-interval from the optimisers' seed variances
-(``analysis.fits.compare_family_values``, what ``sweep report`` uses). Usage: python docs/scripts/families_summary.py RESULTS/SWEEP"""
+Family differences (of slopes, and of kurtosis / null at each width): the optimiser is the unit.
+Each optimiser's value is its seed mean after removing seed effects (seeds are shared across
+optimisers, so they pair), a family's value the mean of its optimisers' (the family as exactly
+these optimisers), and the difference between two families gets a Welch-Satterthwaite t-interval
+from the families' between-optimiser variances; a one-optimiser family gets no interval
+(``analysis.families.compare_family_values``, what ``sweep report`` uses). Usage: python docs/scripts/families_summary.py RESULTS/SWEEP"""
 import sys
 
 import numpy as np
 import polars as pl
 from scipy import stats
 
-from analysis.fits import compare_family_values
+from analysis.families import compare_family_values
 from analysis.selection import best_lr
 from resultstore.reader import load
 
@@ -72,34 +74,39 @@ with pl.Config(tbl_rows=50, tbl_cols=20, tbl_width_chars=200, fmt_str_lengths=40
     print(pl.DataFrame(loss_rows))
 
 
-def seed_slopes(frame: pl.DataFrame) -> list[tuple[float, float, int]]:
-    """(slope, its standard error, n widths) per seed with 2+ widths."""
+def seed_slopes(frame: pl.DataFrame) -> list[tuple[int, float, float, int]]:
+    """(seed, slope, its standard error, n widths) per seed with 2+ widths."""
     out = []
-    for _, g in frame.group_by("seed"):
+    for (seed,), g in frame.group_by("seed"):
         if g.height < 2:
             continue
         fit = stats.linregress(np.log(g["params_non_embedding"].to_numpy()), np.log(g["over_null"].to_numpy()))
-        out.append((fit.slope, fit.stderr if g.height > 2 else float("nan"), g.height))
-    return out
+        out.append((seed, fit.slope, fit.stderr if g.height > 2 else float("nan"), g.height))
+    return sorted(out)
 
 
-def family_contrasts(values: dict[str, np.ndarray], family: dict[str, str]) -> None:
-    """Every pair of families, a - b (``analysis.fits.compare_family_values`` gives its second
-    family minus its first; a family is the mean of its optimisers' seed means)."""
+def family_contrasts(values: dict[str, dict[int, float]], family: dict[str, str]) -> None:
+    """Every pair of families, a - b, then per_coordinate minus every other family pooled (the
+    report's default primary contrast); ``compare_family_values`` gives its second family minus
+    its first, the optimisers as the units, seeds paired."""
     fams = sorted({family[o] for o in values}, key=lambda f: min(rank(o) for o in values if family[o] == f))
     members = {f: [o for o in values if family[o] == f] for f in fams}
-    for i, a in enumerate(fams):
-        for b in fams[i + 1:]:
-            c = compare_family_values([values[o] for o in members[b]], [values[o] for o in members[a]])
-            ci = "(no interval: a line has one seed)" if np.isnan(c.p_value) else \
-                f"[{c.difference_ci[0]:+.3f}, {c.difference_ci[1]:+.3f}]  p = {c.p_value:.2g}"
-            print(f"    {a} - {b}: {c.difference:+.3f} {ci}  ({'+'.join(members[a])} vs {'+'.join(members[b])})")
+    contrasts = [(a, [b]) for i, a in enumerate(fams) for b in fams[i + 1:]]
+    if "per_coordinate" in fams and len(fams) > 2:
+        contrasts.append(("per_coordinate", [f for f in fams if f != "per_coordinate"]))
+    for a, bs in contrasts:
+        b_opts = [o for f in bs for o in members[f]]
+        c = compare_family_values([values[o] for o in b_opts], [values[o] for o in members[a]],
+                                  labels=(" + ".join(bs), a))
+        ci = f"({c.method})" if np.isnan(c.p_value) else \
+            f"[{c.difference_ci[0]:+.3f}, {c.difference_ci[1]:+.3f}]  p = {c.p_value:.2g} (df {c.df:.1f})"
+        print(f"    {a} - {' + '.join(bs)}: {c.difference:+.3f} {ci}  ({'+'.join(members[a])} vs {'+'.join(b_opts)})")
 
 
 for (site, basis), name in SITES.items():
     sub = per_trial.filter(pl.col("site") == site)
     print(f"\nslope of log(kurtosis / null) against log(non-embedding params), {name}")
-    slopes: dict[str, list[float]] = {}
+    slopes: dict[str, dict[int, float]] = {}
     family: dict[str, str] = {}
     for o in optimisers:
         cell = sub.filter(pl.col("optimizer") == o)
@@ -107,24 +114,24 @@ for (site, basis), name in SITES.items():
         fits = seed_slopes(cell)
         if not fits:
             continue
-        slopes[o] = [s for s, _, _ in fits]
+        slopes[o] = {seed: s for seed, s, _, _ in fits}
         if len(fits) == 1:
-            s, se, n = fits[0]
+            _, s, se, n = fits[0]
             if n > 2:
                 half = stats.t.ppf(0.975, n - 2) * se
                 print(f"  {o:<13} {family[o]:<22} {s:+.3f} ± {half:.3f}   (one seed: the fit's t-interval over {n} widths)")
             else:
                 print(f"  {o:<13} {family[o]:<22} {s:+.3f}   (one seed, 2 widths: no interval)")
         else:
-            x = np.asarray(slopes[o])
+            x = np.asarray(list(slopes[o].values()))
             half = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))
             p = stats.ttest_1samp(x, 0).pvalue
             print(f"  {o:<13} {family[o]:<22} {x.mean():+.3f} ± {half:.3f}   ({len(x)} seeds; p(slope = 0) = {p:.2g})")
-    print("  family differences (each family: the mean of its optimisers' mean slopes; Welch-Satterthwaite 95%):")
-    family_contrasts({o: np.asarray(v) for o, v in slopes.items()}, family)
+    print("  family differences (optimisers as the unit, seeds paired; Welch-Satterthwaite 95%):")
+    family_contrasts(slopes, family)
     print(f"\nfamily differences in kurtosis / null at each width, {name} (the same contrast on the seed values):")
     for d in widths:
         at = sub.filter(pl.col("d_model") == d)
-        values = {o: at.filter(pl.col("optimizer") == o)["over_null"].to_numpy() for o in optimisers}
+        values = {o: dict(at.filter(pl.col("optimizer") == o).select("seed", "over_null").iter_rows()) for o in optimisers}
         print(f"  d={d}")
-        family_contrasts({o: v for o, v in values.items() if v.size}, family)
+        family_contrasts({o: v for o, v in values.items() if v}, family)
