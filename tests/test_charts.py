@@ -371,19 +371,154 @@ def test_log_axis_labels_a_few_round_values(lo: float, hi: float, want: list[flo
     assert all(float(f"{t:.2g}") == t for t in ticks)  # round values only
 
 
-def test_every_line_variant_gets_its_own_dash(tmp_path: Path) -> None:
-    """Six rotation plans drawn as line variants: six distinct stroke patterns (the scale used
-    to run out after four, drawing `none` and the fifth plan both solid)."""
+def _plans_store(tmp_path: Path, rots: list) -> str:
     from synthetic_store import write_store
 
-    rots = ["none", "shared", "independent", ("partial", 1), ("partial", 2), ("partial", 1, False)]
-    s = write_store(tmp_path, name="dashes", sizes=(32,), n_layers=4, optimizers=("adam",), seeds=(0,),
-                    rotations=rots, steps=(0, 10), sharing=True, quant=False)  # fmt: skip
-    prof = queries.layer_profile(load(s.path), "kurtosis").collect()
+    return write_store(tmp_path, name="plans", sizes=(32,), n_layers=4, optimizers=("adam",), seeds=(0, 1),
+                       rotations=rots, steps=(0, 10), sharing=True, quant=False).path  # fmt: skip
+
+
+def _told_apart(spec: dict) -> dict[str, str]:
+    """Each rotation plan drawn -> how it is told apart: "dash <pattern>" or "panel <name>".
+    Fails when two plans share a dash pattern inside one panel."""
+    dash = next((n["strokeDash"] for n in _nodes(spec) if isinstance(n.get("strokeDash"), dict)
+                 and "scale" in n["strokeDash"]), None)
+    if dash is not None:
+        domain, patterns = dash["scale"]["domain"], [tuple(p) for p in dash["scale"]["range"]]
+        assert len(set(patterns)) == len(domain), (domain, patterns)  # every plan its own pattern
+        return {v: f"dash {p}" for v, p in zip(domain, patterns, strict=True)}
+    rows = [r for r in _rows(spec) if r.get("kind", "line") == "line"]
+    panels = {r["facet"] for r in rows}
+    assert all(len({r["variant"] for r in rows if r["facet"] == f}) == 1 for f in panels)  # one plan per panel
+    return {f.split("rotation: ")[-1]: f"panel {f}" for f in panels}
+
+
+@pytest.mark.parametrize("rots", [
+    ["none", "shared", "independent", ("partial", 1)],                                       # four: dashes
+    ["none", "shared", "independent", ("partial", 1), ("partial", 2), ("partial", 1, False)],  # six
+    ["none"] + [("partial", k) for k in (1, 2, 3, 4)] + [("partial", k, False) for k in (1, 2, 3, 4)],  # nine
+], ids=["4 plans", "6 plans", "9 plans"])
+@pytest.mark.parametrize("builder", ["kurtosis_by_layer", "metric_over_training"])
+def test_every_rotation_plan_is_told_apart_from_every_other(tmp_path: Path, rots: list, builder: str) -> None:
+    """Issue 37: with nine plans the sharing study drew `none` and `partial(6)` both solid (the
+    dash patterns ran out). Each plan now has its own dash, or (past four) its own panel."""
+    r = load(_plans_store(tmp_path, rots))
+    frame = (queries.layer_profile(r, "kurtosis") if builder == "kurtosis_by_layer"
+             else queries.metric_over_training(r, "kurtosis")).collect()
+    chart = getattr(charts, builder)(frame, facet=None)
+    apart = _told_apart(chart.to_dict())
+    labels = {"none", "shared", "independent", "partial(1)", "partial(2)", "partial(3)", "partial(4)",
+              "partial(1)-noemb", "partial(2)-noemb", "partial(3)-noemb", "partial(4)-noemb"}
+    assert len(apart) == len(rots) and set(apart) <= labels
+    assert len(set(apart.values())) == len(rots)
+    if len(rots) > charts.MAX_DASHED:
+        _save_both(chart, tmp_path / builder)
+
+
+def test_plans_in_panels_draw_the_unrotated_model_in_every_other_panel(tmp_path: Path) -> None:
+    rots = ["none"] + [("partial", k) for k in (1, 2, 3, 4)]
+    prof = queries.layer_profile(load(_plans_store(tmp_path, rots)), "kurtosis").collect()
     spec = charts.kurtosis_by_layer(prof, facet=None).to_dict()
-    dash = next(la["encoding"]["strokeDash"] for la in spec["layer"] if "strokeDash" in la.get("encoding", {}))
-    domain, patterns = dash["scale"]["domain"], dash["scale"]["range"]
-    assert len(domain) == 6 and len({tuple(p) for p in patterns}) == 6
+    rows = _rows(spec)
+    none = {(r["layer"], round(r["mean"], 9)) for r in rows if r["kind"] == "line" and r["facet"] == "rotation: none"}
+    for k in (1, 2, 3, 4):
+        ref = {(r["layer"], round(r["mean"], 9)) for r in rows
+               if r["kind"] == "unrotated" and r["facet"] == f"rotation: partial({k})"}
+        assert ref == none and len(none) == 5  # layers 0-4 of the unrotated model, in each plan's panel
+    grey = [n for n in _nodes(spec) if isinstance(n.get("mark"), dict) and n["mark"].get("color") == "#888888"]
+    assert grey and "without rotation" in " ".join(spec["title"]["subtitle"])
+
+
+def _matched(tmp_path: Path, seeds=(0, 1)) -> pl.DataFrame:
+    from synthetic_store import write_store
+
+    s = write_store(tmp_path, name="ladder", sizes=(32, 64), optimizers=("adam", "sgd"), seeds=seeds,
+                    lrs={"sgd": [0.1, 0.3, 1.0]}, best_lrs={"sgd": 0.3}, steps=(0, 10), quant=False)  # fmt: skip
+    r = load(s.path)
+    return selection.versus(queries.loss_table(r), queries.scale_table(r, "kurtosis")).collect()
+
+
+def test_matched_loss_chart_draws_each_ladders_best_lr_with_the_rest_faint(tmp_path: Path) -> None:
+    """Issue 37: a long lr ladder cluttered the matched-loss view. By default each ladder's best
+    lr (lowest seed-mean val loss) is a full point with intervals and lines; the other lrs are
+    faint points behind; "best" hides them, "all" draws every lr alike (the old view)."""
+    table = _matched(tmp_path)
+    best = table.sort("x").group_by("tuning_id").first()
+    want = {(r["optimizer"], r["d_model"], r["lr"]) for r in best.iter_rows(named=True)}
+    assert len(want) == 4 and table.height == 2 * (1 + 3)  # adam one lr, sgd three, at two sizes
+
+    spec = charts.kurtosis_vs_loss(table).to_dict()
+    rows = _rows(spec)
+    assert {(r["optimizer"], r["d_model"], r["lr"]) for r in rows if r["kind"] == "point"} == want
+    faint = {(r["optimizer"], r["d_model"], r["lr"]) for r in rows if r["kind"] == "ladder"}
+    assert len(faint) == 4 and not faint & want
+    layers = spec["layer"]
+    by_kind = {}
+    for la in layers:
+        for t in la.get("transform", []):
+            if "filter" in t and "datum.kind" in str(t["filter"]):
+                by_kind.setdefault(str(t["filter"]).split("'")[1], []).append(la)
+    assert [la["mark"]["type"] for la in by_kind["ladder"]] == ["point"]  # no bars, no lines for the rest
+    assert by_kind["ladder"][0]["mark"]["opacity"] < 0.5
+    assert {la["mark"]["type"] for la in by_kind["point"]} == {"line", "rule", "point"}
+    assert "best lr of each ladder" in " ".join(spec["title"]["subtitle"])
+
+    hidden = _rows(charts.kurtosis_vs_loss(table, ladder="best").to_dict())
+    assert {(r["optimizer"], r["d_model"], r["lr"]) for r in hidden} == want and len(hidden) == 4
+    every = _rows(charts.kurtosis_vs_loss(table, ladder="all").to_dict())
+    assert len(every) == table.height and {r["kind"] for r in every} == {"point"}
+    chosen = table.filter((pl.col("optimizer") == "sgd") & (pl.col("lr") == 1.0)).select("config_id")
+    picked = _rows(charts.kurtosis_vs_loss(table.filter(pl.col("optimizer") == "sgd"), best=chosen).to_dict())
+    assert {r["lr"] for r in picked if r["kind"] == "point"} == {1.0}  # a given choice (selection.best_lr) wins
+    _save_both(charts.kurtosis_vs_loss(table), tmp_path / "matched")
+
+
+def _title(spec: dict) -> tuple[str, list[str]]:
+    title = spec.get("title")
+    assert isinstance(title, dict), title
+    subtitle = title.get("subtitle") or []
+    return title["text"], [subtitle] if isinstance(subtitle, str) else subtitle
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_figure_is_titled_and_captioned_inside_the_image(built, tmp_path: Path, name: str) -> None:
+    """Issue 37: a PNG lifted into a paper or a slide explains itself: a title, and under it a
+    caption that says what the marks are, in the rendered image (not only in index.html)."""
+    text, lines = _title(built[name].to_dict())
+    assert text and not text.endswith("(largest)")  # a title, not only the size note
+    caption = " ".join(lines)
+    assert len(caption) > 80 and any(w in caption for w in ("interval", "seed")), caption
+    assert max(len(line) for line in lines) <= 120  # wrapped to the figure, not one long line
+    built[name].save(tmp_path / f"{name}.svg")
+    svg = (tmp_path / f"{name}.svg").read_text()
+    assert text.split(",")[0] in svg and lines[-1].split()[-1] in svg  # drawn, first and last words
+
+
+def test_the_report_can_put_its_own_caption_in_the_image(built) -> None:
+    chart = built["kurtosis_by_layer"]
+    text, lines = _title(chart.to_dict())
+    mine = "The report's caption: residual-stream kurtosis by layer, best-lr points, 95% t-intervals over seeds. " * 2
+    text2, lines2 = _title(charts.with_caption(chart, mine).to_dict())
+    assert text2 == text and lines2[0] == lines[0]  # the size note stays
+    assert " ".join(lines2[1:]) == mine.strip() and len(lines2) > 2
+
+
+def test_group_size_and_slopes_charts_are_titled_and_captioned(tmp_path: Path) -> None:
+    from synthetic_store import write_store
+
+    rots = ["none", ("partial", 1), ("partial", 2), ("partial", 1, False), ("partial", 2, False)]
+    s = write_store(tmp_path, name="sharing", sizes=(32,), n_layers=4, optimizers=("adam",), seeds=(0, 1),
+                    rotations=rots, steps=(0, 10), sharing=True, quant=False)  # fmt: skip
+    table = selection.group_size_table(load(s.path)).collect()
+    none = selection.unrotated_table(load(s.path)).collect()
+    for baseline, said in ((none, "no rotation"), (None, "No unrotated run")):
+        text, lines = _title(charts.kurtosis_vs_group_size(table, baseline=baseline).to_dict())
+        assert text == "Shared bases and alignment" and said in " ".join(lines)
+    fits_table = pl.DataFrame({"fit": ["kurtosis / null"], "config": ["adam"], "optimizer": ["adam"],
+                               "exponent": [0.2], "exponent_low": [0.1], "exponent_high": [0.3],
+                               "interval": ["between-seed t (3 seeds)"]})  # fmt: skip
+    text, lines = _title(charts.slopes(fits_table).to_dict())
+    assert text == "Fitted exponents" and "between-seed t (3 seeds)" in " ".join(lines)
 
 
 def test_slopes_chart_draws_each_fit_with_its_interval(tmp_path: Path) -> None:

@@ -19,6 +19,12 @@ def test_the_report_draws_the_dimensions_section(dims_sweep: Path, tmp_path: Pat
         assert name in rep.charts and Path(rep.charts[name][0]).stat().st_size > 1000
         assert rep.captions[name]
     assert "adam: d_model 32, lr 0.003, 2 seed(s)" in rep.captions["dims_persistence"]
+    titles = {"dims_persistence": "Which dimensions are the outliers", "dims_ablation": "What the outlier dimensions do",
+              "dims_tokens": "What the outlier dimensions are"}
+    for name, title in titles.items():  # issue 37: titled and captioned inside the image, as in index.html
+        svg = Path(rep.charts[name][0]).read_text()
+        caption = rep.captions[name].split()
+        assert title in svg and " ".join(caption[:4]) in svg and caption[-1] in svg, name
     assert NO_DIMS_NOTE not in rep.notes
     page = (tmp_path / "rep" / "index.html").read_text()
     assert "id='dims_tokens'" in page and "loss rises on" in page

@@ -10,11 +10,11 @@ from typing import Any
 import altair as alt
 import polars as pl
 
-from analysis.charts.style import MAX_EVALS, ROTATION_ORDER, SizeChoice, format_count
+from analysis.charts.style import MAX_DASHED, MAX_EVALS, ROTATION_ORDER, SizeChoice, format_count
 
 __all__ = [
-    "as_frame", "decorate", "dodge", "pick_size", "rotation_sort", "size_column", "size_sort", "slim",
-    "thin_steps", "tooltip", "variant_order", "variant_title", "varies", "with_null",
+    "as_frame", "decorate", "dodge", "panels_for_variants", "pick_size", "rotation_sort", "size_column",
+    "size_sort", "slim", "thin_steps", "tooltip", "variant_order", "variant_title", "varies", "with_null",
 ]  # fmt: skip
 """The helpers the chart builders share; the rest is this module's own."""
 
@@ -149,6 +149,26 @@ VARIANT_AXES = (
     "norm", "rotation_label", "lr", "momentum", "nesterov", "weight_decay", "eps", "beta1",
     "beta2", "rotate", "precondition_frequency", "muon_ends",
 )  # fmt: skip
+
+
+def panels_for_variants(df: pl.DataFrame, most: int = MAX_DASHED) -> tuple[pl.DataFrame, list[str] | None]:
+    """A decorated frame whose lines would need more than ``most`` dash patterns: each variant
+    (e.g. each rotation plan) becomes a panel of its own (``facet``, joined to any facet it had),
+    drawn solid, in variant order; and that panel order (None: left as it was)."""
+    if not varies(df, "variant") or df.get_column("variant").n_unique() <= most:
+        return df, None
+    order = variant_order(df)
+    names = variant_title(df).lower()
+    has_facet = "facet" in df.columns and varies(df, "facet")
+    label = pl.format(f"{names}: {{}}", pl.col("variant"))
+    if has_facet:
+        label = pl.concat_str([pl.col("facet"), label], separator=" · ")
+        outer = sorted(df.get_column("facet").unique().to_list())
+        panels = [f"{f} · {names}: {v}" for f in outer for v in order]
+    else:
+        panels = [f"{names}: {v}" for v in order]
+    out = df.with_columns(facet=label).with_columns(variant=pl.lit(""), variant_axes=pl.lit(""))
+    return out, panels
 
 
 def variant_order(df: pl.DataFrame) -> list[str]:

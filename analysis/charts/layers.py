@@ -4,6 +4,7 @@ and assembling layers into one sized (faceted) chart."""
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,13 +13,14 @@ import polars as pl
 
 from analysis.charts.frames import slim, variant_order, variant_title, varies, rotation_sort, size_sort, tooltip
 from analysis.charts.style import (
-    COLOR_LEGEND, DASH_LEGEND, FAMILY_ORDER, HEIGHT, PANEL_HEIGHT, PANEL_WIDTH, SI_LABEL, WIDTH, dashes,
+    COLOR_LEGEND, DASH_LEGEND, FAMILY_ORDER, HEIGHT, PANEL_HEIGHT, PANEL_WIDTH, SI_LABEL, WIDTH, apply_theme, dashes,
     optimizer_scale,
 )  # fmt: skip
 
 __all__ = [
-    "assemble", "band_and_line", "chart_title", "lines_with_band", "log_axis", "max_ticks", "null_per_size",
-    "null_per_width", "null_rule", "panel_width", "reference_label", "reference_rule", "y_scale_for",
+    "MAX_COLUMNS", "assemble", "assembled_width", "band_and_line", "chart_title", "figure_title", "figure_width", "interval_words", "lines_with_band", "seeds_phrase",
+    "log_axis", "max_ticks", "null_per_size", "null_per_width", "null_rule", "panel_width", "reference_label",
+    "reference_rule", "titled", "with_caption", "y_scale_for",
 ]  # fmt: skip
 """The layers and layout helpers the chart builders share."""
 
@@ -219,6 +221,10 @@ def null_per_width(df: pl.DataFrame, scale: alt.Scale, axis: str = "y") -> list[
     ]  # fmt: skip
 
 
+MAX_COLUMNS = 4
+"""Panels in one row of a faceted figure; more wrap onto further rows."""
+
+
 def assemble(
     layers: list[alt.Chart],
     df: pl.DataFrame,
@@ -226,22 +232,31 @@ def assemble(
     *,
     rows: str | None = None,
     keep: Sequence[str] = (),
+    facet_sort: Sequence[str] | None = None,
 ) -> alt.TopLevelMixin:
+    """``layers`` over ``df``, one chart or one panel per ``facet`` value (``facet_sort``: their
+    order) and, with ``rows``, one row of panels per value of that column. More than
+    MAX_COLUMNS panels with no rows wrap onto several rows."""
     has_facet = "facet" in df.columns and varies(df, "facet")
     has_rows = rows is not None and varies(df, rows)
     df = slim(df, keep)
     if not has_facet and not has_rows:
         return alt.layer(*layers, data=df).properties(width=WIDTH, height=HEIGHT)
     n_cols = df.get_column("facet").n_unique() if has_facet else 1
-    width = panel_width(n_cols)
+    wrap = has_facet and not has_rows and n_cols > MAX_COLUMNS
+    width = panel_width(min(n_cols, MAX_COLUMNS))
     base = alt.layer(*layers, data=df).properties(width=width, height=PANEL_HEIGHT)
     kw: dict[str, Any] = {}
     if has_facet:
         sort: Any = "ascending"
-        if facet == "rotation":
+        if facet_sort is not None:
+            sort = list(facet_sort)
+        elif facet == "rotation":
             sort = rotation_sort(df)
         elif facet == "optimizer_family":  # per-coordinate first, then the basis-free families
             sort = [f"family: {f.replace('_', ' ')}" for f in FAMILY_ORDER]
+        if wrap:
+            return base.facet(facet=alt.Facet("facet:N", title=None, sort=sort), columns=MAX_COLUMNS)
         kw["column"] = alt.Column("facet:N", title=None, sort=sort)
     if has_rows:  # size labels above each row's panels, not beside the y-axis title
         header = alt.Header(labelOrient="top", labelAngle=0, labelAnchor="start", labelFontWeight="bold")
@@ -250,6 +265,14 @@ def assemble(
     if has_rows and any(k in keep for k in ("tokens", "step")):
         chart = chart.resolve_scale(x="independent")  # each size trains for its own length
     return chart
+
+
+def assembled_width(df: pl.DataFrame) -> int:
+    """The drawn width of ``assemble``'s figure over ``df`` (for wrapping its caption)."""
+    if "facet" not in df.columns or not varies(df, "facet"):
+        return figure_width()
+    n = min(df.get_column("facet").n_unique(), MAX_COLUMNS)
+    return figure_width(n, panel_width(n))
 
 
 def max_ticks(df: pl.DataFrame) -> int:
@@ -266,3 +289,75 @@ def chart_title(title: str | None, size_note: str | None) -> alt.TitleParams | s
     if not title:
         return size_note or ""
     return alt.TitleParams(text=title, subtitle=size_note or alt.Undefined)
+
+
+# ---------------------------------------------------------------- titles and captions in the image
+
+CAPTION_FONT_SIZE = 9
+_CHAR_PX = 4.9  # average advance of a 9 px sans-serif character: wraps a caption to the figure's width
+_AXIS_PX = 60  # a y axis with its title and labels, left of the first panel
+
+
+def figure_width(n_cols: int = 1, panel: int | None = None, spacing: int = 20) -> int:
+    """The drawn width in px of a figure of ``n_cols`` panels of ``panel`` px (default: one
+    chart of WIDTH, or facet panels of panel_width(n_cols)), its y axis included."""
+    if panel is None:
+        panel = WIDTH if n_cols <= 1 else panel_width(n_cols)
+    return _AXIS_PX + n_cols * panel + (n_cols - 1) * spacing
+
+
+def figure_title(title: str, notes: Sequence[str | None] = (), caption: str | None = None,
+                 width: int | None = None) -> alt.TitleParams:
+    """The figure's title with, under it, each note (e.g. the size shown) and the caption
+    wrapped to ``width`` px: a PNG lifted into a paper or a slide says what it shows."""
+    width = width or figure_width()
+    chars = max(44, int(width / _CHAR_PX))
+    lines = [n for n in notes if n]
+    if caption:
+        lines += textwrap.wrap(caption, chars, break_on_hyphens=False)
+    return alt.TitleParams(
+        text=title, subtitle=lines or alt.Undefined, subtitleFontSize=CAPTION_FONT_SIZE, subtitleColor="#444444",
+        subtitleLineHeight=CAPTION_FONT_SIZE + 3, subtitlePadding=4, anchor="start",
+    )  # fmt: skip
+
+
+def titled(chart: alt.TopLevelMixin, title: str, notes: Sequence[str | None], caption: str | None,
+           width: int, configure: bool = True) -> alt.TopLevelMixin:
+    """``chart`` with ``figure_title(...)``; with ``configure``, themed (``apply_theme``) and
+    with what ``with_caption`` needs in its usermeta (a top-level property: an unthemed chart,
+    which may still be composed, goes without)."""
+    chart = chart.properties(title=figure_title(title, notes, caption, width))
+    if not configure:
+        return chart
+    meta = {"title": title, "notes": [n for n in notes if n], "width": width}
+    return apply_theme(chart).properties(usermeta={"figure": meta})
+
+
+def with_caption(chart: alt.TopLevelMixin, caption: str) -> alt.TopLevelMixin:
+    """``chart`` (from a builder of analysis.charts, themed or not) with ``caption`` inside the
+    image in place of the builder's own: under the title, wrapped to the figure's width (e.g.
+    the report's caption, so the PNG and index.html say the same)."""
+    meta = (chart.usermeta if isinstance(chart.usermeta, dict) else {}).get("figure")
+    if meta is None:
+        title = chart.title
+        text = title.text if isinstance(title, alt.TitleParams) else title
+        meta = {"title": text if isinstance(text, str) else "", "notes": [], "width": figure_width()}
+    return chart.properties(title=figure_title(meta["title"], meta["notes"], caption, meta["width"]))
+
+
+def interval_words(df: pl.DataFrame, confidence: float = 0.95) -> str:
+    """"95% t-intervals over 3 seeds" (or "over 1-3 seeds", "one seed: no interval") from a
+    seed summary's ``n`` column."""
+    ns = sorted({int(v) for v in df.get_column("n").drop_nulls().to_list()}) if "n" in df.columns else []
+    if not ns:
+        return f"{confidence:.0%} t-intervals over seeds"
+    if ns == [1]:
+        return "one seed (no interval)"
+    seeds = f"{ns[0]}" if len(ns) == 1 else f"{ns[0]}–{ns[-1]}"
+    return f"{confidence:.0%} t-intervals over {seeds} seeds"
+
+
+def seeds_phrase(df: pl.DataFrame, confidence: float = 0.95, marks: str = "bands") -> str:
+    """"seed means with bands of 95% t-intervals over 3 seeds", or "one seed (no interval)"."""
+    words = interval_words(df, confidence)
+    return words if words.startswith("one seed") else f"seed means with {marks} of {words}"

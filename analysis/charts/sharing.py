@@ -8,8 +8,8 @@ import altair as alt
 import polars as pl
 
 from analysis.charts.frames import as_frame, pick_size, tooltip
-from analysis.charts.layers import reference_label, reference_rule
-from analysis.charts.style import COLOR_LEGEND, HEIGHT, PANEL_HEIGHT, PANEL_WIDTH, WIDTH, SizeChoice, apply_theme, optimizer_scale
+from analysis.charts.layers import figure_width, reference_label, seeds_phrase, reference_rule, titled
+from analysis.charts.style import COLOR_LEGEND, HEIGHT, PANEL_HEIGHT, PANEL_WIDTH, WIDTH, SizeChoice, optimizer_scale
 from analysis.null import NULL_LABEL
 
 __all__ = ["kurtosis_vs_group_size", "slopes"]
@@ -23,6 +23,8 @@ def kurtosis_vs_group_size(
     reference: float | None = 1.0,
     title: str | None = "Shared bases and alignment",
     baseline: pl.DataFrame | pl.LazyFrame | None = None,
+    caption: str | None = None,
+    confidence: float = 0.95,
     configure: bool = True,
 ) -> alt.TopLevelMixin:
     """Computation-basis kurtosis (from ``selection.group_size_table``) against the number of
@@ -62,8 +64,10 @@ def kurtosis_vs_group_size(
     ]  # fmt: skip
     keep = ["group_size_x", "mean", "ci_low", "ci_high", "n", "optimizer", "rotation_label", "site_name", "config", "ends"]
     data = df.select([c for c in keep if c in df.columns]).with_columns(kind=pl.lit("plan"))
+    drawn_none = False
     if baseline is not None:
         none = _same_size(as_frame(baseline), df)
+        drawn_none = none.height > 0
         if none.height:
             layers += _unrotated_layers(y_scale, color, sites, PANEL_WIDTH + 40 if data.get_column("ends").n_unique() > 1 else WIDTH)
             ends = data.select("ends").unique()
@@ -76,9 +80,15 @@ def kurtosis_vs_group_size(
         width=PANEL_WIDTH + 40 if panels else WIDTH, height=PANEL_HEIGHT + 30 if panels else HEIGHT
     )
     chart = base.facet(column=alt.Column("ends:N", title=None, sort=["ends rotated", "ends unrotated"])) if panels else base
-    note = f"; {size_note}" if size_note else ""
-    chart = chart.properties(title=alt.TitleParams(title or "", subtitle=[f"mean over blocks, seed means with t-intervals{note}"]))
-    return apply_theme(chart) if configure else chart
+    panel_words = " Panels: the ends (embeddings, unembedding) in the shared basis or not." if panels else ""
+    none_words = (" Dotted over a faint band: no rotation (its seed mean and interval)." if drawn_none
+                  else " (No unrotated run of this model in the sweep.)")
+    caption = caption or (
+        "Attention and MLP inputs in their computation basis: kurtosis over the exact null (mean over blocks) "
+        f"against the blocks sharing one basis; {seeds_phrase(df, confidence, 'bars')}. Dashed: 1, the null."
+        + none_words + panel_words)
+    width = figure_width(2, PANEL_WIDTH + 40) if panels else figure_width()
+    return titled(chart, title or "Shared bases and alignment", [size_note], caption, width, configure)
 
 
 def _same_size(baseline: pl.DataFrame, table: pl.DataFrame) -> pl.DataFrame:
@@ -112,6 +122,7 @@ def slopes(
     fits: pl.DataFrame | pl.LazyFrame,
     *,
     title: str | None = "Fitted exponents",
+    caption: str | None = None,
     configure: bool = True,
 ) -> alt.TopLevelMixin:
     """Each config's fitted exponent with its interval (a fits table: ``fit``, ``config``,
@@ -142,5 +153,9 @@ def slopes(
     chart = base.facet(row=alt.Row("fit_short:N", title=None, header=alt.Header(labelAngle=0, labelAlign="left",
                        labelOrient="top", labelAnchor="start", labelFontWeight="bold")))  # fmt: skip
     chart = chart.resolve_scale(x="independent", y="independent")
-    chart = chart.properties(title=title or "")
-    return apply_theme(chart) if configure else chart
+    kinds = sorted({str(v) for v in df.get_column("interval").drop_nulls().to_list()}) if "interval" in df.columns else []
+    how = f" ({', '.join(kinds)})" if kinds else ""
+    caption = caption or (
+        f"Each config's fitted power-law exponent against model size, with its interval{how}; one panel per "
+        "fit; dashed rule: 0, no growth with size.")
+    return titled(chart, title or "Fitted exponents", [], caption, figure_width(1, WIDTH) + 200, configure)

@@ -10,11 +10,11 @@ import polars as pl
 
 from analysis.charts.frames import as_frame, decorate, dodge, tooltip, variant_order, variant_title, varies, with_null
 from analysis.charts.layers import (
-    assemble, band_and_line, chart_title, log_axis, max_ticks, null_per_size, reference_label, reference_rule,
-    y_scale_for,
+    assemble, assembled_width, band_and_line, seeds_phrase, log_axis, max_ticks, null_per_size, reference_label,
+    reference_rule, titled, y_scale_for,
 )  # fmt: skip
 from analysis.charts.style import (
-    AXIS_TITLES, COLOR_LEGEND, REFERENCES, apply_theme, dashes, metric_title, optimizer_scale,
+    AXIS_TITLES, COLOR_LEGEND, METRIC_TITLES, REFERENCES, dashes, metric_title, optimizer_scale,
 )  # fmt: skip
 
 __all__ = ["loss_vs_params", "metric_vs_params"]
@@ -34,6 +34,8 @@ def metric_vs_params(
     y_title: str | None = None,
     connect: bool = False,
     reference_text: str | None = None,
+    caption: str | None = None,
+    confidence: float = 0.95,
     configure: bool = True,
 ) -> alt.TopLevelMixin:
     """Metric against model size (from ``queries.scale_table``) on a log x axis: seed means
@@ -47,12 +49,30 @@ def metric_vs_params(
     if reference is None:
         frame = with_null(frame, metric)
     reference = REFERENCES.get(metric) if reference is None and "null_ref" not in frame.columns else reference
-    chart = scaling(
+    chart, data = scaling(
         frame, curves, x, y_title or metric_title(metric), facet, log_y, reference,
         connect=connect, reference_text=reference_text,
     )  # fmt: skip
-    chart = chart.properties(title=chart_title(title, None))
-    return apply_theme(chart) if configure else chart
+    name = (y_title or METRIC_TITLES.get(metric, metric)).split(" (")[0]
+    title = title or f"{name} against model size"
+    if caption is None:
+        ref = ("Dashed: the exact null 3(d−1)/(d+1) at each size (kurtosis in a Haar-random basis)."
+               if "null_ref" in data.columns else f"Dashed: {reference_text or f'{reference:g}'}."
+               if reference is not None else "")
+        caption = _caption(data, name, x, facet, confidence, connect, ref)
+    return titled(chart, title, [], caption, assembled_width(data), configure)
+
+
+def _caption(data: pl.DataFrame, name: str, x: str, facet: str | None, confidence: float, connect: bool,
+             ref: str) -> str:
+    """What a scaling chart draws, in words (its in-image caption)."""
+    points = data.filter(pl.col("kind") == "point")
+    lines = " lines: power-law fits with bootstrap bands;" if (data.get_column("kind") == "curve").any() else ""
+    joined = " joined across sizes;" if connect else ""
+    panels = (f" one panel per {data.get_column('facet').first().split(':')[0]};"
+              if "facet" in data.columns and data.get_column("facet").n_unique() > 1 else "")
+    return (f"{name} against {AXIS_TITLES.get(x, x).lower()} (log axis), one colour per optimiser;{panels} points: "
+            f"{seeds_phrase(points, confidence, 'bars')};{joined}{lines} {ref}").replace(";  ", "; ").strip()
 
 
 def loss_vs_params(
@@ -64,13 +84,16 @@ def loss_vs_params(
     facet: str | None = "norm",
     log_y: bool | None = True,
     title: str | None = None,
+    caption: str | None = None,
+    confidence: float = 0.95,
     configure: bool = True,
 ) -> alt.TopLevelMixin:
     """Final loss against model size (from ``queries.loss_table``), log-log, with fitted
     power laws (``curves``) when given: the usual scaling-law plot."""
-    chart = scaling(as_frame(table), curves, x, metric_title(column), facet, log_y, None)
-    chart = chart.properties(title=chart_title(title, None))
-    return apply_theme(chart) if configure else chart
+    chart, data = scaling(as_frame(table), curves, x, metric_title(column), facet, log_y, None)
+    name = metric_title(column).split(" (")[0]
+    caption = caption or _caption(data, name, x, facet, confidence, False, "")
+    return titled(chart, title or f"{name} against model size", [], caption, assembled_width(data), configure)
 
 
 def scaling(
@@ -84,7 +107,8 @@ def scaling(
     *,
     connect: bool = False,
     reference_text: str | None = None,
-) -> alt.TopLevelMixin:
+) -> tuple[alt.TopLevelMixin, pl.DataFrame]:
+    """The scaling chart (points, fits, null) and the frame it draws."""
     points = dodge(decorate(table, facet), x).with_columns(kind=pl.lit("point"))
     frames = [points]
     if curves is not None:
@@ -168,4 +192,4 @@ def scaling(
         layers.append(reference_rule(reference))
         if reference_text:
             layers.append(reference_label(reference, reference_text))
-    return assemble(layers, data, facet, keep=[x])
+    return assemble(layers, data, facet, keep=[x]), data

@@ -12,7 +12,7 @@ from analysis.labels import BASIS_SERIES, SITE_NAMES
 
 __all__ = [
     "AXIS_TITLES", "COLOR_LEGEND", "DASHES", "DASH_LEGEND", "FAMILY_ORDER", "FONT", "HEIGHT",
-    "MAX_EVALS", "METRIC_TITLES", "OKABE_ITO", "OPTIMIZER_COLORS", "PANEL_HEIGHT", "PANEL_WIDTH",
+    "MAX_DASHED", "MAX_EVALS", "METRIC_TITLES", "OKABE_ITO", "OPTIMIZER_COLORS", "PANEL_HEIGHT", "PANEL_WIDTH",
     "REFERENCES", "ROTATION_ORDER", "SERIES_ORDER", "SHAPES", "SI_LABEL", "SITE_NAMES", "SizeChoice",
     "WIDTH", "apply_theme", "dashes", "format_count", "metric_title", "optimizer_scale", "paper_theme",
     "register_theme",
@@ -170,6 +170,11 @@ def format_count(n: float | None) -> str:
 SERIES_ORDER = list(BASIS_SERIES.values())  # basis_comparison's legend, in this order
 SHAPES = ["circle", "triangle-up", "square", "diamond"]
 DASHES = [[1, 0], [2, 2], [6, 3], [8, 2, 2, 2], [1, 4], [12, 4], [4, 2, 1, 2, 1, 2], [12, 2, 2, 2, 2, 2]]
+
+
+MAX_DASHED = 4
+"""Most line variants told apart by dash alone: past four, patterns look alike in print and in
+the legend, so the builders that draw lines give each variant a panel of its own instead."""
 
 
 def dashes(n: int) -> list[list[int]]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 import altair as alt
 import polars as pl
@@ -11,12 +11,33 @@ import polars as pl
 from analysis.charts.frames import (
     as_frame, decorate, size_column, tooltip, variant_order, variant_title, varies, with_null,
 )  # fmt: skip
-from analysis.charts.layers import assemble, chart_title, null_per_width, reference_rule, y_scale_for
+from analysis.charts.layers import (
+    assemble, assembled_width, interval_words, null_per_width, reference_rule, titled, y_scale_for,
+)  # fmt: skip
 from analysis.charts.style import (
-    COLOR_LEGEND, METRIC_TITLES, REFERENCES, apply_theme, format_count, metric_title, optimizer_scale,
+    COLOR_LEGEND, METRIC_TITLES, REFERENCES, format_count, metric_title, optimizer_scale,
 )  # fmt: skip
 
-__all__ = ["kurtosis_vs_loss", "metric_vs_metric", "quant_penalty"]
+__all__ = ["LADDER_VIEWS", "best_of_each_ladder", "kurtosis_vs_loss", "metric_vs_metric", "quant_penalty"]
+
+Ladder = Literal["best", "faded", "all"]
+LADDER_VIEWS: tuple[str, ...] = ("best", "faded", "all")
+"""How a chart of every config shows an lr ladder: only each ladder's best lr, the best lr
+with the other lrs faded behind it, or every lr alike."""
+
+
+def best_of_each_ladder(df: pl.DataFrame, best: pl.DataFrame | None = None) -> pl.Series:
+    """Whether each row (a config: ``config_id``, ``tuning_id``, ``x`` = its seed-mean final
+    val loss) is its lr ladder's chosen point: the ``config_id`` of ``best`` (e.g.
+    ``selection.best_lr``) where given, else the lr with the lowest ``x`` in its ``tuning_id``
+    (the config without its seed and lr), which is best_lr's choice unless a seed diverged."""
+    if best is not None and "config_id" in best.columns:
+        return df.get_column("config_id").is_in(best.get_column("config_id").implode())
+    if "tuning_id" not in df.columns or "x" not in df.columns:
+        return pl.Series([True] * df.height, dtype=pl.Boolean)
+    first = df.with_row_index("_i").sort("x", "lr" if "lr" in df.columns else "x", nulls_last=True)
+    chosen = first.group_by("tuning_id", maintain_order=True).first().get_column("_i")
+    return pl.Series(range(df.height)).is_in(chosen.implode())
 
 
 
@@ -33,6 +54,10 @@ def metric_vs_metric(
     null_axis: str | None = None,
     connect: bool = True,
     title: str | None = None,
+    ladder: Ladder = "all",
+    best: pl.DataFrame | None = None,
+    caption: str | None = None,
+    confidence: float = 0.95,
     configure: bool = True,
 ) -> alt.TopLevelMixin:
     """One seed-aggregated measure against another, per config (from ``selection.versus``:
@@ -40,8 +65,17 @@ def metric_vs_metric(
     with both t-intervals as error bars, colour = optimiser, marker size = model size;
     ``connect`` joins each optimiser's (and variant's) points in order of size.
     ``null_axis`` ("x" or "y": the axis that shows kurtosis) draws the exact null
-    3(d-1)/(d+1) of each model width as a rule there, instead of ``reference``."""
-    df = decorate(as_frame(table), facet)
+    3(d-1)/(d+1) of each model width as a rule there, instead of ``reference``.
+    ``ladder``: "all" draws every config alike; "best" only each lr ladder's chosen point
+    (``best_of_each_ladder``, from ``best`` where given); "faded" those, with the ladder's
+    other lrs as faint points behind them (no intervals, no lines)."""
+    frame = as_frame(table)
+    others = None
+    if ladder != "all" and frame.height:
+        chosen = best_of_each_ladder(frame, best)
+        others = frame.filter(~chosen) if ladder == "faded" else None
+        frame = frame.filter(chosen)
+    df = decorate(frame, facet)
     if null_axis is not None:
         df = with_null(df, "kurtosis")
         if "null_ref" in df.columns:
@@ -54,18 +88,60 @@ def metric_vs_metric(
             _order=pl.col(size_col).cast(pl.Float64),
         )
     layers = _xy_layers(df, x_title, y_title, log_x, log_y, reference, x_reference, connect, size_col, null_axis)
-    chart = assemble(layers, df, facet, keep=["x", "x_low", "x_high", "_order", "x_n"])
-    chart = chart.properties(title=chart_title(title, None))
-    return apply_theme(chart) if configure else chart
+    faded = others is not None and others.height > 0
+    if faded:
+        layers = [lay.transform_filter(alt.datum.kind == "point") for lay in layers[:4 if connect else 3]] + \
+            layers[4 if connect else 3:]
+        rest = decorate(others, facet).with_columns(kind=pl.lit("ladder"), variant=pl.lit(""))
+        if size_col:
+            rest = rest.with_columns(
+                size=pl.col(size_col).map_elements(lambda v: format_count(v), return_dtype=pl.String),
+                _order=pl.col(size_col).cast(pl.Float64))
+        layers.insert(0, _ladder_layer(rest, df, x_title, y_title))
+        df = pl.concat([df, rest], how="diagonal_relaxed")
+    chart = assemble(layers, df, facet, keep=["x", "x_low", "x_high", "_order", "x_n", "lr"])
+    points = df.filter(pl.col("kind") == "point")
+    what = "" if ladder == "all" else " at the best lr of each ladder (the lowest seed-mean final val loss)"
+    sized = ", marker size = model size" if size_col and varies(points, "size") else ""
+    joined = ", joined across sizes" if connect else ""
+    faint = "; faint: the ladder's other lrs that finished" if faded else ""
+    bars = interval_words(points, confidence)
+    bars = "One seed: no intervals." if bars.startswith("one seed") else f"Bars: {bars}, both ways."
+    null = (" Dashed: the exact null 3(d−1)/(d+1) of each width shown." if "null_ref" in df.columns and null_axis
+            else f" Dashed: {reference:g}." if reference is not None else "")
+    caption = caption or f"One point per config{what}{sized}{joined}{faint}. {bars}{null}"
+    return titled(chart, title or f"{y_title.split(' (')[0]} against {x_title.split(' (')[0].lower()}", [],
+                   caption, assembled_width(df), configure)
+
+
+def _ladder_layer(rest: pl.DataFrame, df: pl.DataFrame, x_title: str, y_title: str) -> alt.Chart:
+    """The ladder's other lrs: faint points on the chart's scales, behind everything."""
+    color = alt.Color("optimizer:N", scale=optimizer_scale([*df.get_column("optimizer").to_list(),
+                                                            *rest.get_column("optimizer").to_list()]),
+                      title="Optimizer", legend=COLOR_LEGEND)  # fmt: skip
+    extra: dict[str, Any] = {}
+    if "size" in rest.columns and "size" in df.columns and varies(df, "size"):  # the same scale as the main points
+        order = df.select("size", "_order").unique().sort("_order").get_column("size").to_list()
+        extra["size"] = alt.Size("size:N", sort=order, title="Model size", scale=alt.Scale(
+            domain=order, range=[18 + 90 * i / max(1, len(order) - 1) for i in range(len(order))]))
+    return (
+        alt.Chart().mark_point(filled=True, opacity=0.28)
+        .encode(x=alt.X("x:Q", title=x_title), y=alt.Y("mean:Q", title=y_title), color=color, tooltip=tooltip(rest, ["optimizer", "lr", "size", "x", "mean", "n"]),
+                **extra)
+        .transform_filter(alt.datum.kind == "ladder")
+    )  # fmt: skip
 
 
 def kurtosis_vs_loss(
-    table: pl.DataFrame | pl.LazyFrame, *, facet: str | None = None, **kw: Any
+    table: pl.DataFrame | pl.LazyFrame, *, facet: str | None = None, ladder: Ladder = "faded", **kw: Any
 ) -> alt.TopLevelMixin:
     """The matched-loss view: residual kurtosis (y) against final validation loss (x) per
     config (``selection.versus(loss_table, scale_table)``); configs at the same loss compare
-    optimisers at matched quality, not matched steps."""
+    optimisers at matched quality, not matched steps. ``ladder`` (default "faded"): each lr
+    ladder's best lr drawn, its other lrs faint behind ("best": hidden; "all": every lr alike;
+    see ``metric_vs_metric``)."""
     kw.setdefault("title", "Kurtosis at matched loss")
+    kw["ladder"] = ladder
     return metric_vs_metric(
         table, x_title=METRIC_TITLES["final_val_loss"], y_title=metric_title("kurtosis"),
         facet=facet, reference=REFERENCES["kurtosis"], null_axis="y", **kw,

@@ -19,7 +19,8 @@ import altair as alt
 import polars as pl
 
 from analysis import attribution
-from analysis.charts.style import apply_theme, optimizer_scale
+from analysis.charts.layers import figure_width, titled
+from analysis.charts.style import optimizer_scale
 from analysis.load import Results
 
 __all__ = ["NO_DIMS_NOTE", "ablation_chart", "add", "persistence_chart", "token_chart"]
@@ -39,30 +40,28 @@ def add(results: Results, done: pl.DataFrame, built: MutableMapping[str, tuple[A
     shown = attribution.largest_per_optimizer(done).filter(pl.col("trial_id").is_in(dims.get_column("trial_id").unique().implode()))
     which = "; ".join(f"{r['optimizer']}: d_model {r['d_model']}, lr {r['lr']:g}, {r['n']} seed(s)" for r in
                       shown.group_by("optimizer", "d_model", "lr").agg(n=pl.len()).sort("optimizer").to_dicts())
-    built["dims_persistence"] = (
-        persistence_chart(attribution.persistence_map(dims, shown)),
+    persistence = (
         f"Outlier dimensions across layers, residual stream (stored basis), final step: cell = share of "
         f"seeds with the dim in that layer's top-k by max |x|, for the largest model of each optimiser "
-        f"at its best config ({which}).",
-    )
-    built["dims_ablation"] = (
-        ablation_chart(attribution.ablation_band(dims, shown)),
+        f"at its best config ({which}).")
+    built["dims_persistence"] = (persistence_chart(attribution.persistence_map(dims, shown), persistence), persistence)
+    ablation = (
         "Val-loss change when a top residual dimension is set to zero or to its eval-batch mean at "
         "every layer, by candidate rank (points: seeds); grey band: the same ablation of 16 random "
-        "dimensions (min to max over draws and seeds), tick: its median.",
-    )
-    built["dims_tokens"] = (
-        token_chart(attribution.token_table(dims, shown)),
+        "dimensions (min to max over draws and seeds), dashed: its median.")
+    built["dims_ablation"] = (ablation_chart(attribution.ablation_band(dims, shown), ablation), ablation)
+    tokens = (
         "The top three dimensions per optimiser (first seed): Δ loss when zeroed (empirical p against "
         "the random-dimension null) and when set to its mean; at the last layer, Sun et al.'s "
         "max/median, the share of its largest values at position 0 and on delimiters, the "
         "correlation of |x| with token frequency, the input tokens where it is largest and the "
-        "targets whose loss rises most when it is zeroed.",
-    )
+        "targets whose loss rises most when it is zeroed.")
+    built["dims_tokens"] = (token_chart(attribution.token_table(dims, shown), tokens), tokens)
 
 
-def persistence_chart(table: pl.DataFrame) -> alt.TopLevelMixin:
-    """Heatmap: layer (x) by dimension (y), colour = share of seeds, one panel per optimiser."""
+def persistence_chart(table: pl.DataFrame, caption: str | None = None) -> alt.TopLevelMixin:
+    """Heatmap: layer (x) by dimension (y), colour = share of seeds, one panel per optimiser;
+    titled, with ``caption`` (default: what a cell is) inside the image."""
     df = table.with_columns(panel=pl.format("{} · d_model {}", "optimizer", "d_model"))
     chart = alt.Chart(df).mark_rect().encode(
         x=alt.X("layer:O", title="Layer (0 = embeddings)"),
@@ -70,12 +69,17 @@ def persistence_chart(table: pl.DataFrame) -> alt.TopLevelMixin:
         color=alt.Color("share:Q", title="Share of seeds in top-k", scale=alt.Scale(domain=[0, 1], scheme="greys")),
         tooltip=["optimizer", "layer", "dim", alt.Tooltip("share:Q", format=".2f"), alt.Tooltip("rank:Q", format=".1f")],
     ).properties(width=120, height=alt.Step(10)).facet(column=alt.Column("panel:N", title=None))
-    return apply_theme(chart.resolve_scale(y="independent"))
+    n = max(1, df.get_column("panel").n_unique())
+    caption = caption or ("Cell: the share of seeds in which the dimension is in that layer's top-k by max |x| "
+                          "(residual stream, stored basis, final step).")
+    return titled(chart.resolve_scale(y="independent"), "Which dimensions are the outliers, layer by layer",
+                  [], caption, figure_width(n, 120) + 40)
 
 
-def ablation_chart(table: pl.DataFrame) -> alt.TopLevelMixin:
+def ablation_chart(table: pl.DataFrame, caption: str | None = None) -> alt.TopLevelMixin:
     """Delta by rank for zero and mean ablation against the null band, one panel per optimiser
-    and ablation (the band: min to max of the random draws over seeds, its median dashed)."""
+    and ablation (the band: min to max of the random draws over seeds, its median dashed);
+    titled, with ``caption`` (default: what the marks are) inside the image."""
     df = table.with_columns(x0=pl.col("rank").min().over("optimizer") - 0.5,
                             x1=pl.col("rank").max().over("optimizer") + 0.5)
     names = sorted(df.get_column("optimizer").unique().to_list())
@@ -94,7 +98,11 @@ def ablation_chart(table: pl.DataFrame) -> alt.TopLevelMixin:
         column=alt.Column("optimizer:N", title=None),
         row=alt.Row("ablation:N", title=None, sort=["zero", "mean"],
                     header=alt.Header(labelExpr="datum.value + ' ablation'")))
-    return apply_theme(chart.resolve_scale(y="independent"))
+    caption = caption or ("Val-loss change when a top residual dimension is set to zero or to its mean at every "
+                          "layer, by candidate rank (points: seeds); grey band: the same ablation of random "
+                          "dimensions (min to max), dashed: its median.")
+    return titled(chart.resolve_scale(y="independent"), "What the outlier dimensions do: ablations against "
+                  "random dimensions", [], caption, figure_width(len(names), 160) + 60)
 
 
 _TOKEN_COLUMNS = {
@@ -104,8 +112,9 @@ _TOKEN_COLUMNS = {
 }
 
 
-def token_chart(table: pl.DataFrame) -> alt.TopLevelMixin:
-    """The token-attribution table drawn as text (one row per top dimension)."""
+def token_chart(table: pl.DataFrame, caption: str | None = None) -> alt.TopLevelMixin:
+    """The token-attribution table drawn as text (one row per top dimension), titled, with
+    ``caption`` (default: what the columns are) inside the image."""
     df = table.with_row_index("row").select(
         "row", "optimizer", pl.col("rank").cast(pl.String), pl.col("dim").cast(pl.String),
         zero=pl.format("{} ({})", pl.col("zero_delta").round(4), pl.col("zero_p").round(3)),
@@ -124,4 +133,7 @@ def token_chart(table: pl.DataFrame) -> alt.TopLevelMixin:
         y=alt.Y("row:O", title=None, axis=None),
         text="text:N",
     ).properties(width=alt.Step(104), height=alt.Step(16), padding={"right": 40})
-    return apply_theme(chart)
+    caption = caption or ("The top dimensions per optimiser: Δ val loss when zeroed (p against random dimensions) "
+                          "and when set to its mean; max/median, position-0 and delimiter shares, correlation with "
+                          "token frequency, where it is largest and whose loss rises when it is zeroed.")
+    return titled(chart, "What the outlier dimensions are", [], caption, 104 * len(order))
