@@ -252,6 +252,24 @@ def test_the_primary_contrast_is_a_report_option(tmp_path: Path) -> None:
     assert any("not among the report's fits" in n for n in missing.notes)
 
 
+def test_the_top1_share_is_fitted_where_recorded_and_skipped_quietly_where_not(report, tmp_path: Path) -> None:  # noqa: F811
+    """The default fits include the width-honest top-1 energy share (a plain power law of the
+    share at resid and mlp_in): a store that records it gets the fit and its chart; a store
+    written before the metric existed gets neither, and no note about it."""
+    from synthetic_store import SITE_METRICS, write_store
+
+    old, _ = report
+    assert not any("top1_share" in n for n in old.notes)
+    assert not old.fits.get_column("fit").str.starts_with("top1_share").any()
+    s = write_store(tmp_path, name="share", metrics=(*SITE_METRICS, "top1_share"), steps=(0, 10), quant=False, seed=4)
+    rep = write_report(s.path, tmp_path / "rep", formats=("svg",), n_boot=20)
+    share = rep.fits.filter(pl.col("fit").str.starts_with("top1_share"))
+    assert sorted(share.get_column("fit").unique().to_list()) == [
+        "top1_share, MLP input (mean over blocks)", "top1_share, residual stream (mean over blocks)"]
+    assert share.get_column("optimizer").unique().to_list() == ["adam"]  # sgd reads 0 here: no power law
+    assert {"top1_share_resid_vs_params", "top1_share_mlp_in_vs_params"} <= set(rep.charts)
+
+
 def test_a_fit_through_two_points_says_it_has_no_interval(tmp_path: Path) -> None:
     """One seed at two sizes: an exact line, no interval; the tables say "(no CI)", not [nan, nan]."""
     from synthetic_store import write_store
@@ -415,6 +433,8 @@ def test_default_fit_specs_are_named() -> None:
     assert [s.name for s in DEFAULT_FITS] == [
         "kurtosis_resid_over_null",
         "kurtosis_mlp_in_over_null",
+        "top1_share_resid",
+        "top1_share_mlp_in",
         "outlier_dims_rel_attn_in_fraction",
         "outlier_dims_rel_mlp_in_fraction",
         "final_val_loss",

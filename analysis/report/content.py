@@ -284,6 +284,8 @@ def build(
                 per = queries.runs_table(main).with_columns(value=pl.col(spec.metric)).collect()
                 table = queries.loss_table(main, spec.metric, confidence=confidence).collect()
             else:
+                if spec.metric not in {m for _, _, m in have}:
+                    continue  # a store written before the metric existed: nothing to say
                 if (spec.site, spec.basis, spec.metric) not in have:
                     c.notes.append(f"no {spec.metric} at {spec.site}/{spec.basis}: {spec.label} skipped.")
                     continue
