@@ -244,7 +244,7 @@ def assemble(
         return alt.layer(*layers, data=df).properties(width=WIDTH, height=HEIGHT)
     n_cols = df.get_column("facet").n_unique() if has_facet else 1
     wrap = has_facet and not has_rows and n_cols > MAX_COLUMNS
-    width = panel_width(min(n_cols, MAX_COLUMNS))
+    width = panel_width(min(n_cols, MAX_COLUMNS)) if has_facet else WIDTH  # rows only: full-width panels
     base = alt.layer(*layers, data=df).properties(width=width, height=PANEL_HEIGHT)
     kw: dict[str, Any] = {}
     if has_facet:

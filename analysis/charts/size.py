@@ -57,7 +57,8 @@ def metric_vs_params(
     title = title or f"{name} against model size"
     if caption is None:
         ref = ("Dashed: the exact null 3(d−1)/(d+1) at each size (kurtosis in a Haar-random basis)."
-               if "null_ref" in data.columns else f"Dashed: {reference_text or f'{reference:g}'}."
+               if "null_ref" in data.columns else
+               f"Dashed: {reference:g}" + (f", the {reference_text}." if reference_text else ".")
                if reference is not None else "")
         caption = _caption(data, name, x, facet, confidence, connect, ref)
     return titled(chart, title, [], caption, assembled_width(data), configure)
@@ -67,12 +68,15 @@ def _caption(data: pl.DataFrame, name: str, x: str, facet: str | None, confidenc
              ref: str) -> str:
     """What a scaling chart draws, in words (its in-image caption)."""
     points = data.filter(pl.col("kind") == "point")
-    lines = " lines: power-law fits with bootstrap bands;" if (data.get_column("kind") == "curve").any() else ""
-    joined = " joined across sizes;" if connect else ""
-    panels = (f" one panel per {data.get_column('facet').first().split(':')[0]};"
+    parts = [f"points: {seeds_phrase(points, confidence, 'bars')}"]
+    if connect:
+        parts.append("lines join each config across sizes")
+    if (data.get_column("kind") == "curve").any():
+        parts.append("curves: power-law fits with bootstrap bands")
+    panels = (f", one panel per {data.get_column('facet').first().split(':')[0]}"
               if "facet" in data.columns and data.get_column("facet").n_unique() > 1 else "")
-    return (f"{name} against {AXIS_TITLES.get(x, x).lower()} (log axis), one colour per optimiser;{panels} points: "
-            f"{seeds_phrase(points, confidence, 'bars')};{joined}{lines} {ref}").replace(";  ", "; ").strip()
+    return (f"{name} against {AXIS_TITLES.get(x, x).lower()} (log axis), one colour per optimiser{panels}; "
+            + "; ".join(parts) + "." + (f" {ref}" if ref else ""))
 
 
 def loss_vs_params(
