@@ -22,6 +22,20 @@ stored minus control kurtosis recovers ``exponent``. The excess grows linearly o
 computation basis (the paper's finding). Other metrics are simple functions of the excess
 (``outlier_dims_rel`` = round(2 excess), 0 at d_model <= 36 as in a real model).
 
+The width-free measure and the per-trial test (issue 32; ``basis_test=True``, with ``metrics``
+containing kurtosis; off by default, so the stores the older tests build are unchanged): the
+planted excess is one coordinate holding the share f = min(0.95, sqrt(excess / d)) of every
+token's energy (kurtosis ~ d f^2), so ``top1_share`` /
+``top4_share`` = f + (1 - f) * top_share_null(d, k) at every (layer, site, basis) that has
+kurtosis, and the null itself in random bases (with the default exponent 0.5, excess ~ P^0.5 ~ d
+and f is the same at every width: kurtosis grows, the top-1 share does not). The control rows
+of the probe's basis test, in basis ``random`` at sites resid (layers 0..L), attn_in and mlp_in
+(layers 1..L): kurtosis (the exact null), top1_share, top4_share (their null), ``kurtosis_sd``
+(``CONTROL_SD``), ``kurtosis_median`` (null - 0.02) and the rank tests ``kurtosis_rank_p``,
+``top1_share_rank_p`` = (1 + #{i <= 32: z_i >= z_0 + excess / CONTROL_SD}) / 33 with z standard
+normal (the stored basis' excess: resid's stored basis, the inputs' computation basis): 1/33
+where the excess is clear, uniform on {1..33}/33 where there is none (step 0, SGD).
+
 ``lrs`` gives an optimiser an lr ladder: one trial per lr, the final val loss rising as
 ``lr_penalty * log(lr / best)**2`` away from the optimiser's best lr (``best_lrs``, at the
 smallest size; it moves as (P / P_min) ** lr_exponents[o] with size).
@@ -44,13 +58,13 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from analysis.identity import science_hash
-from analysis.null import null_expr
+from analysis.null import null_expr, top_share_null, top_share_null_expr
 from analysis.load import CHECKS_SCHEMA, CURVES_SCHEMA, METRICS_SCHEMA, RUNS_SCHEMA
 from analysis.schema import ARROW
 from study.optim import OPTIMIZER_FAMILY
 from resultstore.writer import ResultsStore
 
-__all__ = ["FAMILIES", "SITE_METRICS", "SyntheticStore", "write_store"]
+__all__ = ["BASIS_TEST_METRICS", "CONTROL_SD", "FAMILIES", "SITE_METRICS", "SyntheticStore", "write_store"]
 
 FAMILIES = OPTIMIZER_FAMILY
 """The family each synthetic optimiser's runs row carries: its rule on a hidden matrix, from the
@@ -65,6 +79,19 @@ SITE_METRICS = (
     "max_abs",
     "max_median_ratio",
 )
+"""The metrics at every site (with ``basis_test``, also top1_share and top4_share)."""
+
+BASIS_TEST_METRICS = (
+    "top1_share", "top4_share", "kurtosis_sd", "kurtosis_median", "kurtosis_rank_p", "top1_share_rank_p",
+)  # fmt: skip
+"""The rows ``basis_test=True`` adds (issue 32's probe): the top-k shares at every site, the
+control's spread and rank tests in basis random; and kurtosis / top shares at attn_in and mlp_in
+in basis random."""
+
+CONTROL_SD = 0.05
+"""The synthetic control's sd of kurtosis across its random bases (``kurtosis_sd``): the unit in
+which the rank tests see the planted excess."""
+_CONTROL_BASES = 32
 
 
 @dataclass(frozen=True)
@@ -79,6 +106,8 @@ class SyntheticStore:
     n_trials: int
     n_done: int
     n_metric_rows: int
+    layer_weights: tuple[float, ...] = ()
+    """w_l of blocks 1..L (of the first size's depth)."""
 
     def expected_excess(self, optimizer: str, params_non_embedding: float) -> float:
         """Noise-free block-mean excess kurtosis (stored basis, no rotation, final step)."""
@@ -87,6 +116,16 @@ class SyntheticStore:
             return 0.0
         p0 = min(self.params_non_embedding)
         return self.amplitude * self.mean_layer_weight * (params_non_embedding / p0) ** b
+
+    def expected_top1_share(self, optimizer: str, params_non_embedding: float, d_model: int) -> float:
+        """Noise-free block-mean top-1 share (stored basis, no rotation, final step):
+        f_l + (1 - f_l) * top_share_null(d) with f_l = min(0.95, sqrt(excess_l / d))."""
+        b = self.exponents.get(optimizer)
+        p0 = min(self.params_non_embedding)
+        amp = 0.0 if b is None else self.amplitude * (params_non_embedding / p0) ** b
+        null = top_share_null(d_model)
+        shares = [min(0.95, math.sqrt(amp * w / d_model)) for w in self.layer_weights]
+        return float(np.mean([f + (1 - f) * null for f in shares]))
 
 
 def _params(d: int, n_layers: int, vocab: int, seq_len: int) -> tuple[int, int]:
@@ -116,6 +155,7 @@ def write_store(
     lr_penalty: float = 0.05,
     sharing: bool = False,
     quant: bool = True,
+    basis_test: bool = False,
     failed: int = 0,
     diverged: int = 0,
     curves: bool = True,
@@ -133,7 +173,9 @@ def write_store(
     ``rotations`` entries are names, ``("partial", k)``, ``("partial", k, False)`` (embeddings
     not rotated: label ``partial(k)-noemb``) or ``("groups", [[0, 1], [2, 3]])``. ``sharing``:
     the computation-basis excess of ``partial(k)`` grows with k (x k / L; x 1.5 with the ends
-    unrotated), as the paper's question 5 would have it. ``n_layers`` is one depth or one per size. The first
+    unrotated), as the paper's question 5 would have it. ``basis_test``: the top-k shares and the
+    control's basis-test rows (issue 32; False, the default, writes a store from before them, row for
+    row what this function wrote before the option existed). ``n_layers`` is one depth or one per size. The first
     ``failed`` trials are marked failed (null results, an error, a few metric rows that
     must be ignored), the next ``diverged`` diverged."""
     rng = np.random.default_rng(seed)
@@ -296,9 +338,8 @@ def write_store(
         .then(stored_factor)
         .otherwise(comp_factor)
     )
-    excess = pl.col("_amp") * pl.col("w") * pl.col("frac") * basis_factor * (
-        layer_noise * pl.col("z")
-    ).exp() + 0.01 * layer_noise * pl.col("z")
+    planted = pl.col("_amp") * pl.col("w") * pl.col("frac") * basis_factor * (layer_noise * pl.col("z")).exp()
+    excess = planted + 0.01 * layer_noise * pl.col("z")
     control = null_expr("d_model")  # no privileged basis: the exact null
     value = (
         pl.when(pl.col("metric") == "kurtosis")
@@ -315,6 +356,10 @@ def write_store(
         .then(4.0 + excess)
         .otherwise(excess.round().clip(0))
     )
+    shares = (
+        _basis_test_rows(m.filter(pl.col("metric") == "kurtosis").with_columns(planted=planted), layer_noise, seed)
+        if basis_test and "kurtosis" in metrics else None
+    )  # fmt: skip
     m = m.select(
         "trial_id",
         "step",
@@ -325,6 +370,8 @@ def write_store(
         metric="metric",
         value=value.cast(pl.Float64),
     )
+    if shares is not None:
+        m = pl.concat([m, shares.select(m.columns).cast(m.schema)])  # type: ignore[arg-type]
     if quant:
         q = quant_trials.join(
             pl.DataFrame({"basis": ["w8a8", "w4a4"], "scale": [1.0, 8.0]}), how="cross"
@@ -416,6 +463,7 @@ def write_store(
         n_trials=n,
         n_done=n - failed - diverged,
         n_metric_rows=m.height,
+        layer_weights=tuple(l / depths[0] for l in range(1, depths[0] + 1)),
     )
 
 
@@ -424,3 +472,41 @@ def _write(store: ResultsStore, rel: str, frame: pl.DataFrame, table: str) -> No
     path = os.path.join(store.path, rel)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     pq.write_table(frame.to_arrow().select(ARROW[table].names).cast(ARROW[table]), path)
+
+
+def _basis_test_rows(kurt: pl.DataFrame, layer_noise: float, seed: int) -> pl.DataFrame:
+    """The rows ``basis_test`` adds, from the kurtosis rows (``planted``: each row's noise-free
+    excess): top shares beside every kurtosis row, the control's kurtosis and top shares at
+    attn_in / mlp_in in basis random, and the control's spread, median and rank tests in basis
+    random at resid, attn_in and mlp_in. Own random stream: the other rows do not move."""
+    rng = np.random.default_rng([seed, 32])
+    keys = ["trial_id", "step", "tokens", "layer", "site", "basis"]
+    kurt = kurt.with_columns(tokens=(pl.col("tokens") * pl.col("frac")).cast(pl.Int64)).sort(keys)
+    tested = pl.col("site").is_in(["attn_in", "mlp_in"]) & (pl.col("basis") == "computation")
+    # the inputs' random-basis control: no planted excess, the exact null
+    control = kurt.filter(tested).with_columns(basis=pl.lit("random"), planted=pl.lit(0.0))
+    control = control.with_columns(z=pl.Series(rng.standard_normal(control.height)))
+    noise = 0.01 * layer_noise * pl.col("z")
+    kurt_control = control.select(*keys, metric=pl.lit("kurtosis"), value=null_expr("d_model") + noise)
+    every = pl.concat([kurt, control], how="diagonal_relaxed")
+    share = (pl.col("planted").clip(0.0) / pl.col("d_model")).sqrt().clip(upper_bound=0.95)
+    tops = [
+        every.select(*keys, metric=pl.lit(f"top{k}_share"),
+                     value=share + (1 - share) * top_share_null_expr("d_model", k) * (1 + noise))
+        for k in (1, 4)
+    ]  # fmt: skip
+    # the rank tests: the stored (resid) or computation (inputs) basis' excess against 32 bases
+    own = kurt.filter((pl.col("site") == "resid") & (pl.col("basis") == "stored") | tested)
+    own = own.with_columns(basis=pl.lit("random")).sort(keys)
+    null = null_expr("d_model")
+    spread = [
+        own.select(*keys, metric=pl.lit("kurtosis_sd"), value=pl.lit(CONTROL_SD) * (1 + noise)),
+        own.select(*keys, metric=pl.lit("kurtosis_median"), value=null - 0.02 + noise),
+    ]
+    ranks = []
+    for name in ("kurtosis_rank_p", "top1_share_rank_p"):
+        z = rng.standard_normal((own.height, _CONTROL_BASES + 1))
+        bar = z[:, :1] + own.get_column("planted").to_numpy()[:, None] / CONTROL_SD
+        p = (1 + (z[:, 1:] >= bar).sum(axis=1)) / (1 + _CONTROL_BASES)
+        ranks.append(own.select(*keys, metric=pl.lit(name), value=pl.Series(p)))
+    return pl.concat([f.cast({"value": pl.Float64}) for f in (kurt_control, *tops, *spread, *ranks)])
