@@ -2,11 +2,18 @@
 that handles zeros.
 
 The count is ``outlier_dims_rel`` (coordinates beyond 6x the token's RMS on any eval token) at
-a normalised layer input, summed over blocks; its exposure is d_model x blocks, so the fitted
-quantity is the fraction of coordinates that are outliers. Model: quasi-Poisson GLM,
-log E[count] = log(exposure) + a + b log(N / N_ref), with the Pearson dispersion (floored at 1:
-never narrower than Poisson) scaling the standard errors and a t(n - 2) interval for b. A zero
-count is an observation, not a hole in a log-log fit.
+a normalised layer input, summed over blocks; its trials are d_model x blocks (a count that
+cannot exceed them), so the fitted quantity is the fraction of coordinates that are outliers.
+Model: binomial GLM with a log link, log E[count / trials] = a + b log(N / N_ref) (so the
+fraction is c N^b), fitted by statsmodels. A zero count is an observation, not a hole in a
+log-log fit.
+
+Seeds are the replicates, as in the kurtosis fits: with 2+ seeds the standard errors are
+cluster-robust by seed (the sandwich over seed clusters, statsmodels' small-sample correction)
+and the interval for b is t(seeds - 1); a spread between seeds (a seed whose fraction grows
+faster, or trial-level noise) widens it. With one seed (or none given) the binomial standard
+errors are scaled by the Pearson dispersion (floored at 1: never narrower than binomial) with a
+t(n - 2) interval, labelled so.
 
 Structural zeros: |x_j| <= sqrt(d) RMS, so no coordinate can pass 6 RMS at d <= 36; those
 sizes say nothing about scaling and are left out of the fit (``STRUCTURAL_D``).
@@ -37,9 +44,10 @@ STRUCTURAL_NOTE = "outlier_dims_rel is structurally 0 at d_model ≤ 36 (max|x_j
 
 @dataclass(frozen=True)
 class CountFit:
-    """fraction = coefficient * x ** exponent, fitted as a quasi-Poisson GLM of the counts
-    with offset log(exposure). ``exponent_ci``: t(df) interval with the dispersion-scaled
-    standard error (NaN when df = 0)."""
+    """fraction = coefficient * x ** exponent, fitted as a binomial GLM (log link) of the
+    counts out of ``exposure`` trials. ``exponent_ci``: b ± t(df) se, se cluster-robust by seed
+    with df = seeds - 1 (2+ seeds), else the dispersion-scaled binomial se with df = n - 2
+    (NaN when df = 0); ``interval`` says which."""
 
     coefficient: float
     exponent: float
@@ -51,6 +59,8 @@ class CountFit:
     n_x: int
     n_seeds: int | None
     dispersion: float
+    """Pearson chi² / (n - 2) of the binomial fit (1 for binomial counts; more with seed or trial
+    effects)."""
     df: int
     confidence: float
     x_ref: float
@@ -96,8 +106,8 @@ def fit_count_power_law(
 ) -> CountFit:
     """Fit fraction = counts / exposure = c * x**b (see the module docstring). Rows with
     ``d_model`` <= 36 are left out (structural zeros). Raises ValueError when the slope is
-    undefined: fewer than two sizes, every count 0, or outliers at one size only (the slope
-    is then unbounded above)."""
+    undefined: fewer than two sizes, every count 0, outliers at one size only (the slope
+    is then unbounded above), or a count above its exposure."""
     import statsmodels.api as sm
 
     x = np.asarray(x, dtype=float)
@@ -111,6 +121,8 @@ def fit_count_power_law(
         keep &= ~structural
     s = None if seeds is None else np.asarray(seeds)[keep]
     x, y, e = x[keep], y[keep], e[keep]
+    if (y > e).any():
+        raise ValueError(f"{int((y > e).sum())} count(s) above their exposure (d_model x blocks): not a fraction")
     sizes = np.unique(x)
     if sizes.size < 2:
         raise ValueError(f"{sizes.size} model size(s) with d_model > {STRUCTURAL_D}: need 2")
@@ -120,16 +132,32 @@ def fit_count_power_law(
         raise ValueError("outliers at one size only: the slope is unbounded above (no finite fit)")
     x_ref = float(np.exp(np.log(sizes).mean()))
     design = np.column_stack([np.ones_like(x), np.log(x / x_ref)])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # reported below as a reason, not as console noise
-        res = sm.GLM(y, design, family=sm.families.Poisson(), offset=np.log(e)).fit()
-    if not res.converged or not np.all(np.isfinite(res.params)):
-        raise ValueError("the count GLM did not converge (no finite slope)")
+    seed_idx = None if s is None else np.unique(s, return_inverse=True)[1]
+    n_seeds = None if seed_idx is None else int(seed_idx.max()) + 1
     n = int(y.size)
-    df = n - 2
-    dispersion = float(np.sum(res.resid_pearson**2) / df) if df > 0 else math.nan
-    scale = max(1.0, dispersion) if df > 0 else math.nan
-    cov = np.asarray(res.cov_params()) * scale
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the log link's domain warning; failures are reported below
+        family = sm.families.Binomial(link=sm.families.links.Log())
+        model = sm.GLM(np.column_stack([y, e - y]), design, family=family)
+        start = np.array([math.log(max(y.sum(), 0.5) / e.sum()), 0.0])
+        try:
+            res = model.fit(start_params=start)
+        except (ValueError, np.linalg.LinAlgError, FloatingPointError) as err:
+            raise ValueError(f"the count GLM did not converge ({err})") from None
+        if not res.converged or not np.all(np.isfinite(res.params)):
+            raise ValueError("the count GLM did not converge (no finite slope)")
+        df_resid = n - 2
+        dispersion = float(res.pearson_chi2 / df_resid) if df_resid > 0 else math.nan
+        if n_seeds is not None and n_seeds >= 2:
+            robust = model.fit(start_params=res.params, cov_type="cluster", cov_kwds={"groups": seed_idx})
+            cov, df = np.asarray(robust.cov_params()), n_seeds - 1
+            interval = f"binomial GLM, seed-clustered SE, t({df})"
+        else:
+            scale = max(1.0, dispersion) if df_resid > 0 else math.nan
+            cov, df = np.asarray(res.cov_params()) * scale, df_resid
+            what = "one seed" if n_seeds == 1 else "no seeds given"
+            interval = (f"binomial GLM, Pearson-scaled SE, t({df}) ({what})" if df > 0
+                        else f"binomial GLM (no dof: no interval; {what})")  # fmt: skip
     se = float(math.sqrt(cov[1, 1])) if df > 0 else math.nan
     b = float(res.params[1])
     t = _t(df, confidence)
@@ -137,10 +165,9 @@ def fit_count_power_law(
     return CountFit(
         coefficient=math.exp(a - b * math.log(x_ref)), exponent=b, exponent_ci=(b - t * se, b + t * se),
         exponent_se=se, r2=1.0 - float(res.deviance) / float(res.null_deviance) if res.null_deviance > 0 else math.nan,
-        n=n, n_x=int(sizes.size), n_seeds=None if s is None else int(np.unique(s).size),
-        dispersion=dispersion, df=df, confidence=confidence, x_ref=x_ref,
+        n=n, n_x=int(sizes.size), n_seeds=n_seeds, dispersion=dispersion, df=df, confidence=confidence, x_ref=x_ref,
         x_range=(float(sizes.min()), float(sizes.max())), intercept=a, cov=cov, n_excluded=n_excluded,
-        interval=f"quasi-Poisson GLM, t({df})" if df > 0 else "quasi-Poisson GLM (no dof: no interval)",
+        interval=interval,
     )  # fmt: skip
 
 

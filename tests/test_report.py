@@ -81,12 +81,12 @@ def test_fits_table_holds_the_known_exponent(report, store) -> None:  # noqa: F8
     frac = fits.filter(pl.col("fit").str.starts_with("outlier fraction"))
     assert frac.get_column("optimizer").to_list() == ["adam", "adam"]
     row = frac.row(0, named=True)
-    assert row["interval"].startswith("quasi-Poisson GLM, t(") and row["exponent_low"] < row["exponent_high"]
+    assert row["interval"] == "binomial GLM, seed-clustered SE, t(2)" and row["exponent_low"] < row["exponent_high"]
     assert row["n_x"] == 2 and "d_model ≤ 36 left out" in row["note"]
     skipped = [n for n in rep.notes if "fits are undefined" in n]
     assert len(skipped) == 1 and skipped[0].count("sgd · layernorm · none") == 2 and "every count 0" in skipped[0]
     assert "kurtosis /" not in skipped[0]  # every kurtosis fit is defined
-    assert "quasi-Poisson GLMs of the outlier counts" in (Path(rep.out) / "fits.md").read_text()
+    assert "binomial GLMs of the outlier counts" in (Path(rep.out) / "fits.md").read_text()
     comparisons = pl.read_csv(Path(rep.out) / "comparisons.csv")
     raw = comparisons.filter(pl.col("fit").str.starts_with(RESID_OVER_NULL)).row(0, named=True)
     assert raw["a"].startswith("sgd") and raw["b"].startswith("adam")

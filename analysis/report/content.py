@@ -420,9 +420,10 @@ def _quant_floor_note(scheme: str, qt: pl.DataFrame) -> str:
 
 
 COUNT_FIT_NOTE = (
-    "Outlier-fraction fits are quasi-Poisson GLMs of the outlier counts (offset log(d_model × blocks), "
-    "log size as regressor, Pearson dispersion floored at 1, t interval with n − 2 dof), not log-log least "
-    "squares: zero counts are data. " + counts.STRUCTURAL_NOTE + "."
+    "Outlier-fraction fits are binomial GLMs of the outlier counts out of d_model × blocks coordinates "
+    "(log link, log size as regressor), not log-log least squares: zero counts are data. Seeds are the "
+    "replicates: standard errors cluster-robust by seed, t interval with seeds − 1 dof (one seed: "
+    "Pearson-scaled, n − 2 dof). " + counts.STRUCTURAL_NOTE + "."
 )
 
 
@@ -469,7 +470,7 @@ def _count_fit(
             f"Outlier fraction ({spec.metric}: coordinates beyond 6× the token's RMS on any eval token, "
             f"summed over blocks, / (d_model × blocks)), {where}, against model size; {shown}: seed means with "
             f"{confidence:.0%} t-intervals"
-            + (f"; lines: quasi-Poisson GLM fits with {confidence:.0%} bands" if curves is not None and curves.height else "")
+            + (f"; lines: binomial GLM fits with {confidence:.0%} bands (seed-clustered)" if curves is not None and curves.height else "")
             + f". {counts.STRUCTURAL_NOTE}.",
         )
     }

@@ -29,8 +29,8 @@ class FitSpec:
     ``offset`` is subtracted before fitting. ``over_null``: fit metric / the exact null
     3(d-1)/(d+1) (``analysis.null``; 1 without a privileged basis, so every config has a
     slope). ``count``: the metric is a count of coordinates (``outlier_dims_rel``) fitted as
-    the fraction of d_model x blocks by a quasi-Poisson GLM (``analysis.counts``), zeros
-    included."""
+    the fraction of d_model x blocks by a binomial GLM with seed-clustered errors
+    (``analysis.counts``), zeros included."""
 
     metric: str
     site: str | None = "resid"
@@ -74,7 +74,7 @@ class FitSpec:
         if self.site is None:
             return what
         where = SITE_NAMES.get((self.site, self.basis or ""), f"{self.site}/{self.basis}")
-        agg = "over blocks, quasi-Poisson GLM" if self.count else f"{self.layer_agg} over blocks"
+        agg = "over blocks, binomial GLM" if self.count else f"{self.layer_agg} over blocks"
         return f"{what}, {where} ({agg})"
 
 
