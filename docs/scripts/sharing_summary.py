@@ -1,7 +1,9 @@
 """Summary of a sharing sweep (issue 17, the paper's question 5): kurtosis of the normalised block
 inputs (attn_in, mlp_in) in each block's computation basis at the final step, by layer and by
 rotation plan (none; partial(k): k consecutive blocks share one basis; ends rotated or not), as a
-mean over seeds with a 95% t-interval, against the exact null 3(d-1)/(d+1).
+mean over seeds with a 95% t-interval, against the exact null 3(d-1)/(d+1). The slope of the
+excess against k is fitted per seed, its interval a t over the seeds' slopes, with a lack-of-fit
+test of a line in k (``analysis.group_size``): "linear in k" is never read from it.
 Usage: python docs/scripts/sharing_summary.py RESULTS/SWEEP   (e.g. results/sharing)"""
 import sys
 
@@ -9,6 +11,7 @@ import numpy as np
 import polars as pl
 from scipy import stats
 
+from analysis.group_size import compare_group_size_slopes, group_size_slope
 from resultstore.reader import load
 
 results = load(sys.argv[1])
@@ -74,27 +77,25 @@ print("\ndifferences (Welch t, 95% interval)")
 for a, b in (("none", "k=6"), ("k=6", "k=3"), ("k=3", "k=1"), ("k=6", "k=1")):
     welch(a, b)
 def slope_against_k(rows: pl.DataFrame, label: str):
-    """Excess against k by least squares over trials; prints the slope and its 95% t-interval."""
+    """Excess against k per seed (``analysis.group_size``): the mean of the seeds' slopes with a
+    95% t-interval over seeds, and the lack-of-fit test of a line in k (seed-blocked F)."""
     k = rows["plan"].str.extract(r"k=(\d+)").cast(pl.Int64).to_numpy()
-    if len(set(k)) <= 2:
+    if len(set(k)) < 2:
         return None
-    fit = stats.linregress(k, rows["excess"].to_numpy())
-    half = stats.t.ppf(0.975, len(k) - 2) * fit.stderr
-    print(f"\nexcess against k ({label}, {len(k)} trials): slope {fit.slope:+.3f} ± {half:.3f} per block "
-          f"sharing the basis, intercept {fit.intercept:+.3f} (p = {fit.pvalue:.2g})")
-    return fit, len(k)
+    fit = group_size_slope(k, rows["excess"].to_numpy(), rows["seed"].to_numpy())
+    per_seed = ", ".join(f"{v:+.3f}" for v in fit.seed_slopes.values())
+    print(f"\nexcess against k ({label}, {fit.n} trials): {fit} (p(slope = 0) = {fit.p_value:.2g}; "
+          f"seeds' slopes {per_seed})")
+    return fit
 
 
 shared = per_trial.filter(pl.col("plan").str.starts_with("k="))
 rotated = slope_against_k(shared.filter(~pl.col("plan").str.contains("unrotated")), "ends rotated")
 unrotated = slope_against_k(shared.filter(pl.col("plan").str.contains("unrotated")), "ends unrotated")
 if rotated and unrotated:
-    (f1, n1), (f2, n2) = rotated, unrotated
-    se = np.hypot(f1.stderr, f2.stderr)
-    dof = se**4 / (f1.stderr**4 / (n1 - 2) + f2.stderr**4 / (n2 - 2))  # Welch-Satterthwaite
-    diff, half = f1.slope - f2.slope, stats.t.ppf(0.975, dof) * se
-    print(f"  slope, ends rotated minus ends unrotated: {diff:+.3f} [{diff - half:+.3f}, {diff + half:+.3f}]"
-          f"  (p = {2 * stats.t.sf(abs(diff) / se, dof):.2g})")
+    d = compare_group_size_slopes(unrotated, rotated)
+    ci = "" if np.isnan(d.p_value) else f" [{d.difference_ci[0]:+.3f}, {d.difference_ci[1]:+.3f}]  (p = {d.p_value:.2g})"
+    print(f"  slope, ends rotated minus ends unrotated: {d.difference:+.3f}{ci}, {d.method}")
 print("\nends rotated minus ends unrotated, at each k (Welch t, 95% interval)")
 for plan in sorted(p for p in plans if p.startswith("k=") and "unrotated" not in p):
     welch(plan, f"{plan}, ends unrotated")
