@@ -52,13 +52,13 @@ def null_expr(d: str | pl.Expr = "d_model") -> pl.Expr:
 
 # ---------------------------------------------------------------- the top-k energy share
 
-TOP_SHARE_NULL_LABEL = "null: top-1 share in a random basis"
+TOP_SHARE_NULL_LABEL = "top-1 null (random basis)"
 """How charts and tables name the top-1 share's null (``top_share_null(d)``)."""
 
 
 def top_share_label(k: int = 1) -> str:
-    """The null's label for the top-``k`` share, e.g. ``null: top-4 share in a random basis``."""
-    return f"null: top-{k} share in a random basis"
+    """The null's label for the top-``k`` share, e.g. ``top-4 null (random basis)``."""
+    return f"top-{k} null (random basis)"
 
 
 def top_share_null(d: Any, k: int = 1) -> Any:

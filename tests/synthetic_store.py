@@ -370,7 +370,8 @@ def write_store(
         metric="metric",
         value=value.cast(pl.Float64),
     )
-    if shares is not None:
+    if shares is not None:  # these top shares replace any asked for in ``metrics`` (z was drawn: it is unchanged)
+        m = m.filter(~pl.col("metric").is_in(["top1_share", "top4_share"]))
         m = pl.concat([m, shares.select(m.columns).cast(m.schema)])  # type: ignore[arg-type]
     if quant:
         q = quant_trials.join(
