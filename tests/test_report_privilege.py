@@ -190,3 +190,11 @@ def test_one_size_gets_the_table_and_no_chart(tmp_path: Path) -> None:
     table = privilege.add(main, done, built, notes)
     assert table.height == 6 and built == {} and notes == []
     assert json.loads(table.write_json())  # plain columns: what privilege.csv holds
+
+
+def test_the_markdown_holds_the_words_and_every_row(store) -> None:
+    table = privilege.test_table(load(store.path))
+    md = privilege.markdown(table).splitlines()
+    assert md[0] == f"# {privilege.TITLE}" and md[2] == privilege.WORDS
+    assert md[4].startswith("| Config | Size |") and md[5].startswith("|---|")
+    assert len(md) == 6 + table.height and md[6].count(" | ") == 7

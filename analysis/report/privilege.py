@@ -12,8 +12,9 @@ counted per config, and the width-honest top-1 energy share charted with its nul
   saying, per config, which measure a width trend is in.
 
 Stores written before the probe recorded these metrics get one note and nothing else. Computes,
-never renders or writes: ``add`` puts the chart into ``built`` and returns the table; ``cells``
-gives the table's readable rows (header, rows) to the renderer.
+never writes: ``add`` puts the chart into ``built`` and returns the table; ``cells`` gives the
+table's readable rows (header, rows) to the renderer, ``markdown`` the privilege.md text. This
+module imports nothing of analysis.report (render imports it).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from analysis.null import kurtosis_null, top_share_null
 from analysis.query_base import SORT, inputs, join_runs
 
 __all__ = [
-    "BASES", "METRICS", "NO_TEST_NOTE", "P_PRIVILEGED", "SITES", "TITLE", "WORDS", "add", "cells", "test_table",
-    "trend_note",
+    "BASES", "METRICS", "NO_TEST_NOTE", "P_PRIVILEGED", "SITES", "TITLE", "WORDS", "add", "cells", "markdown",
+    "test_table", "trend_note",
 ]  # fmt: skip
 
 BASES = 32
@@ -145,6 +146,17 @@ def cells(table: pl.DataFrame, x: str = "params_non_embedding") -> tuple[list[st
             f"{r['trials_every_block']} / {r['trials']} (null: ≤ {r['trials_bound']:.2f})",
         ])  # fmt: skip
     return list(_HEADER), rows
+
+
+def markdown(table: pl.DataFrame, x: str = "params_non_embedding") -> str:
+    """privilege.md: the title, ``WORDS`` and the table (``cells``) in Markdown."""
+    header, rows = cells(table, x)
+
+    def line(row: list[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|") for c in row) + " |"
+
+    return "\n".join([f"# {TITLE}", "", WORDS, "", line(header), "|" + "|".join("---" for _ in header) + "|",
+                      *map(line, rows), ""])  # fmt: skip
 
 
 def add(
