@@ -161,12 +161,12 @@ def test_the_section_charts_the_top1_share_with_its_null_and_says_which_measure_
     spec = _spec(chart)
     rows = next(iter(spec["datasets"].values()))
     nulls = {(r["panel"], r["d_model"]): r["null_ref"] for r in rows if r.get("kind") == "null"}
-    assert nulls == {(p, d): pytest.approx(top_share_null(d)) for p in ("Residual stream (stored basis)", "MLP input")
+    assert nulls == {(p, d): pytest.approx(top_share_null(d)) for p in ("Residual stream (stored basis)", "MLP input (computation basis)")
                      for d in (32, 64)}  # fmt: skip
     assert [r["null_label"] for r in rows if r.get("null_label")] == ["top-1 null (random basis)"] * 2  # once a panel
     sub = " ".join(spec["title"]["subtitle"])
     assert "fixed share f" in sub and "kurtosis" in sub and "null" in sub  # the caption inside the image
-    assert spec["facet"]["column"]["sort"] == ["Residual stream (stored basis)", "MLP input"]
+    assert spec["facet"]["column"]["sort"] == ["Residual stream (stored basis)", "MLP input (computation basis)"]
     [note] = notes
     assert note.startswith("Which measure a width trend is in") and "adam · layernorm · none" in note
     assert "kurtosis / null" in note and "top-1 share" in note and "not width alone" in note

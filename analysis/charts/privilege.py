@@ -103,7 +103,7 @@ def top_share_vs_params(
                 tooltip=tooltip(points, ["optimizer", "variant", "d_model", x, "mean", "ci_low", "ci_high", "n"]), **shape)
         .transform_filter(is_point),
         # the null last, on top: a config without a privileged basis sits on it
-        alt.Chart().mark_line(color=NULL_COLOR, strokeDash=[4, 2], strokeWidth=1.2,
+        alt.Chart().mark_line(color="#222222", strokeDash=[3, 3], strokeWidth=1.6,
                               point=alt.OverlayMarkDef(color=NULL_COLOR, size=10))
         .encode(x=x_enc, y=alt.Y("null_ref:Q", scale=y_scale), order=alt.Order("x_plot:Q"),
                 tooltip=[alt.Tooltip("d_model:Q", title="d_model"), alt.Tooltip("null_ref:Q", title="null", format=".4f")])

@@ -53,7 +53,8 @@ SITES = {
 }
 """The tested sites: the basis the test ranks, and its name in the table."""
 
-SHARE_SITES = (("resid", "stored", "Residual stream (stored basis)"), ("mlp_in", "computation", "MLP input"))
+SHARE_SITES = (("resid", "stored", "Residual stream (stored basis)"),
+               ("mlp_in", "computation", "MLP input (computation basis)"))
 """Where the top-1 share is charted, in panel order."""
 
 METRICS = ("kurtosis", "top1_share", *MEASURES)
