@@ -36,7 +36,7 @@ import polars as pl
 from analysis import storage
 from analysis.load import Results, load
 from analysis.multiplicity import DEFAULT_PRIMARY, PrimaryContrast, parse_primary
-from analysis.report import render
+from analysis.report import privilege, render
 from analysis.report.content import COUNT_FIT_NOTE, build
 from analysis.report.fits import DEFAULT_FITS, FitSpec
 from analysis.vega_workers import VegaWorkers
@@ -138,6 +138,9 @@ def write_report(
         rep.files.append(writer.write("family_levels.csv", c.family_levels.write_csv().encode()))
     if c.lr_fit.height:
         rep.files.append(writer.write("lr_fit.csv", c.lr_fit.write_csv().encode()))
+    if c.privilege.height:  # issue 32: the per-trial test
+        rep.files.append(writer.write("privilege.csv", c.privilege.write_csv().encode()))
+        rep.files.append(writer.write("privilege.md", privilege.markdown(c.privilege, c.x).encode()))
     if len(c.sizes) >= 2 and c.n_done:
         say("writing fits.csv, fits.md, fits.tex")
         rep.files.append(writer.write("fits.csv", c.fits.write_csv().encode()))

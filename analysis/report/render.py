@@ -21,6 +21,7 @@ import polars as pl
 from analysis.charts import AXIS_TITLES, format_count
 from analysis.fits import MIN_BOOTSTRAP_UNITS
 from analysis.load import config_label
+from analysis.report import privilege
 from analysis.vega_workers import VECTOR, VegaWorkers, render_spec
 
 if TYPE_CHECKING:
@@ -415,6 +416,7 @@ def index_html(content: ReportContent, svgs: dict[str, str], formats: Sequence[s
          "levels.csv"),
         (c.family_levels, "Family differences in level", "level(family b) − level(family a) at each size, same "
          f"norm and rotation. {FAMILY_LEVELS}", family_levels_table, "family_levels.csv"),
+        (c.privilege, privilege.TITLE, privilege.WORDS, lambda f: Table(*privilege.cells(f, x)), "privilege.csv"),
     )  # fmt: skip
     for frame, title, words, table, csv in sections:
         if frame.height:
