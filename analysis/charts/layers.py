@@ -164,24 +164,27 @@ def reference_label(value: float, text: str, axis: str = "y") -> alt.Chart:
 
 def null_rule(y_scale: alt.Scale) -> list[alt.Chart]:
     """The exact null as a rule at the panel's ``null_ref`` (one model width per panel),
-    labelled, drawn once per panel."""
-    from analysis.null import NULL_LABEL
-
+    labelled "null" right of the panel, drawn once per panel."""
     y = alt.Y("null_ref:Q", scale=y_scale)
     return [
         alt.Chart().mark_rule(color=NULL_COLOR, strokeDash=[3, 3], strokeWidth=1).encode(y=y)
         .transform_aggregate(null_ref="mean(null_ref)"),
-        alt.Chart().mark_text(align="left", dx=3, dy=-5, fontSize=8, color=NULL_COLOR)
-        .encode(x=alt.value(0), y=y, text=alt.value(NULL_LABEL))
-        .transform_aggregate(null_ref="mean(null_ref)"),
+        _end_label(y).transform_aggregate(null_ref="mean(null_ref)"),
     ]  # fmt: skip
+
+
+def _end_label(y: alt.Y, text: str = "null") -> alt.Chart:
+    """A reference line's name just right of the plot, level with the line's right end: a
+    direct label that never sits on the data (the caption gives the formula)."""
+    return alt.Chart().mark_text(align="left", baseline="middle", dx=4, fontSize=9, color=NULL_COLOR).encode(
+        x=alt.value("width"), y=y, text=alt.value(text))
 
 
 def null_per_size(x_enc: alt.X, x: str, y_scale: alt.Scale, kind: Any = None) -> list[alt.Chart]:
     """The exact null at each model size on a size axis: a dashed grey line through
-    (size, 3(d-1)/(d+1)), labelled at the largest size. ``x`` is the true size column;
-    ``x_enc`` the chart's x encoding of ``x_plot``. ``kind`` filters the rows used."""
-    from analysis.null import NULL_LABEL
+    (size, 3(d-1)/(d+1)), labelled "null" right of the panel at the largest size. ``x`` is the
+    true size column; ``x_enc`` the chart's x encoding of ``x_plot``. ``kind`` filters the rows
+    used."""
 
     def base() -> alt.Chart:
         c = alt.Chart()
@@ -195,10 +198,9 @@ def null_per_size(x_enc: alt.X, x: str, y_scale: alt.Scale, kind: Any = None) ->
     return [
         base().mark_line(color=NULL_COLOR, strokeDash=[4, 2], strokeWidth=1, point=alt.OverlayMarkDef(
             color=NULL_COLOR, size=10)).encode(x=x_enc, y=y, order=alt.Order("x_plot:Q")),
-        # the label at the largest size: the null grows with d, and d with size
-        (alt.Chart().transform_filter(kind) if kind is not None else alt.Chart())
-        .transform_aggregate(null_ref="max(null_ref)", x_plot=f"max({x})")
-        .mark_text(align="right", dy=9, fontSize=8, color=NULL_COLOR).encode(x=x_enc, y=y, text=alt.value(NULL_LABEL)),
+        # the label right of the plot, level with the null at the largest size (it grows with d)
+        (_end_label(y).transform_filter(kind) if kind is not None else _end_label(y))
+        .transform_aggregate(null_ref="max(null_ref)"),
     ]  # fmt: skip
 
 
@@ -211,11 +213,13 @@ def null_per_width(df: pl.DataFrame, scale: alt.Scale, axis: str = "y") -> list[
     text = NULL_LABEL + (f", d {widths[0]}–{widths[-1]}" if len(widths) > 1 else f", d {widths[0]}")
     enc = {axis: alt.Y("null_ref:Q", scale=scale) if axis == "y" else alt.X("null_ref:Q", scale=scale)}
     label_pos = {("x" if axis == "y" else "y"): alt.value(0)}
+    rules = alt.Chart().mark_rule(color=NULL_COLOR, strokeDash=[4, 2], strokeWidth=1).encode(**enc) \
+        .transform_aggregate(null_ref="mean(null_ref)", groupby=["d_model"])
+    if axis == "y":  # named right of the plot, level with the highest (the caption says whose widths)
+        return [rules, _end_label(enc["y"]).transform_aggregate(null_ref="max(null_ref)")]
     return [
-        alt.Chart().mark_rule(color=NULL_COLOR, strokeDash=[4, 2], strokeWidth=1).encode(**enc)
-        .transform_aggregate(null_ref="mean(null_ref)", groupby=["d_model"]),
-        alt.Chart().mark_text(align="left", dx=3 if axis == "y" else 4, dy=-5 if axis == "y" else 6, fontSize=8,
-                              color=NULL_COLOR)
+        rules,
+        alt.Chart().mark_text(align="left", dx=4, dy=6, fontSize=8, color=NULL_COLOR)
         .encode(**enc, **label_pos, text=alt.value(text))
         .transform_aggregate(null_ref="max(null_ref)"),
     ]  # fmt: skip

@@ -45,6 +45,8 @@ def kurtosis_by_layer(
     df = with_null(df, metric) if reference is None else df
     reference = REFERENCES.get(metric) if reference is None else reference
     y_title = metric_title(metric)
+    if size is None and varies(df, "size"):  # rows of short panels: the long unit goes to the caption
+        y_title = y_title.split(" (")[0]
     layers = lines_with_band(df, "layer", y_title, "Layer (0 = embeddings)", log_y, reference)
     df, layers, unrotated = _unrotated_in_every_panel(df, layers, panels)
     chart = assemble(layers, df, facet, rows="size" if size is None else None, keep=["layer", "kind"],
@@ -55,7 +57,7 @@ def kurtosis_by_layer(
         f"{what} at the final step by layer, one line per config{_panels_words(df)}: "
         f"{seeds_phrase(df.filter(pl.col('kind') != 'unrotated'), confidence)}. "
         + ("Grey dotted in every other panel: the same model without rotation (none), for reference. "
-           if unrotated else "") + _null_words(df, reference, "at the model's width"))
+           if unrotated else "") + _null_words(df, reference, "at the model's width") + _constant_words(df, metric))
     return titled(chart, title, [size_note], caption, assembled_width(df), configure)
 
 
@@ -83,6 +85,15 @@ def _unrotated_in_every_panel(
                         values=sorted({int(v) for v in ref.get_column("layer").to_list()}), format="d")),
                     y="mean:Q", detail="optimizer:N").transform_filter(alt.datum.kind == "unrotated"))
     return pl.concat([df, *copies], how="diagonal_relaxed"), [grey, *layers], True
+
+
+def _constant_words(df: pl.DataFrame, metric: str) -> str:
+    """Says so when every point is the same value (e.g. no outlier dimension at any width): a
+    flat chart is a finding, not a drawing error; and names the unit a short axis title left out."""
+    unit = METRIC_TITLES.get(metric, "").partition(" (")[2].rstrip(")")
+    words = f" Unit: {unit}." if unit and metric != "kurtosis" else ""
+    values = df.filter(pl.col("kind") != "unrotated").get_column("mean").drop_nulls().unique()
+    return words + (f" Every config reads {values[0]:g} at every layer." if values.len() == 1 else "")
 
 
 def _short(metric: str) -> str:

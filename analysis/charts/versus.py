@@ -20,6 +20,9 @@ from analysis.charts.style import (
 
 __all__ = ["LADDER_VIEWS", "best_of_each_ladder", "kurtosis_vs_loss", "metric_vs_metric", "quant_penalty"]
 
+SIZE_LEGEND = alt.Legend(symbolFillColor="#555555", symbolStrokeColor="#555555", symbolOpacity=1)
+"""Marker size's legend in grey at full strength (the faint ladder points share its scale)."""
+
 Ladder = Literal["best", "faded", "all"]
 LADDER_VIEWS: tuple[str, ...] = ("best", "faded", "all")
 """How a chart of every config shows an lr ladder: only each ladder's best lr, the best lr
@@ -107,7 +110,10 @@ def metric_vs_metric(
     faint = "; faint: the ladder's other lrs that finished" if faded else ""
     bars = interval_words(points, confidence)
     bars = "One seed: no intervals." if bars.startswith("one seed") else f"Bars: {bars}, both ways."
-    null = (" Dashed: the exact null 3(d−1)/(d+1) of each width shown." if "null_ref" in df.columns and null_axis
+    widths = sorted({int(v) for v in df.get_column("d_model").drop_nulls().to_list()}) if "d_model" in df.columns else []
+    which = f" (d_model {', '.join(map(str, widths))}, {'bottom to top' if null_axis == 'y' else 'left to right'})" \
+        if len(widths) > 1 else ""
+    null = (f" Dashed: the exact null 3(d−1)/(d+1) of each width shown{which}." if "null_ref" in df.columns and null_axis
             else f" Dashed: {reference:g}." if reference is not None else "")
     caption = caption or f"One point per config{what}{sized}{joined}{faint}. {bars}{null}"
     return titled(chart, title or f"{y_title.split(' (')[0]} against {x_title.split(' (')[0].lower()}", [],
@@ -122,7 +128,7 @@ def _ladder_layer(rest: pl.DataFrame, df: pl.DataFrame, x_title: str, y_title: s
     extra: dict[str, Any] = {}
     if "size" in rest.columns and "size" in df.columns and varies(df, "size"):  # the same scale as the main points
         order = df.select("size", "_order").unique().sort("_order").get_column("size").to_list()
-        extra["size"] = alt.Size("size:N", sort=order, title="Model size", scale=alt.Scale(
+        extra["size"] = alt.Size("size:N", sort=order, title="Model size", legend=SIZE_LEGEND, scale=alt.Scale(
             domain=order, range=[18 + 90 * i / max(1, len(order) - 1) for i in range(len(order))]))
     return (
         alt.Chart().mark_point(filled=True, opacity=0.28)
@@ -196,7 +202,7 @@ def _xy_layers(
     if size_col and varies(df, "size"):
         order = df.select("size", "_order").unique().sort("_order").get_column("size").to_list()
         extra["size"] = alt.Size(
-            "size:N", sort=order, title="Model size",
+            "size:N", sort=order, title="Model size", legend=SIZE_LEGEND,
             scale=alt.Scale(domain=order, range=[18 + 90 * i / max(1, len(order) - 1) for i in range(len(order))]),
         )  # fmt: skip
     tip = tooltip(df, ["optimizer", "variant", "size", "x", "x_low", "x_high", "mean", "ci_low", "ci_high", "n"])

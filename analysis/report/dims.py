@@ -48,7 +48,7 @@ def add(results: Results, done: pl.DataFrame, built: MutableMapping[str, tuple[A
     ablation = (
         "Val-loss change when a top residual dimension is set to zero or to its eval-batch mean at "
         "every layer, by candidate rank (points: seeds); grey band: the same ablation of 16 random "
-        "dimensions (min to max over draws and seeds), dashed: its median.")
+        "dimensions (min to max over draws and seeds), dashed: its median. Each panel has its own y scale.")
     built["dims_ablation"] = (ablation_chart(attribution.ablation_band(dims, shown), ablation), ablation)
     tokens = (
         "The top three dimensions per optimiser (first seed): Δ loss when zeroed (empirical p against "
@@ -64,7 +64,7 @@ def persistence_chart(table: pl.DataFrame, caption: str | None = None) -> alt.To
     titled, with ``caption`` (default: what a cell is) inside the image."""
     df = table.with_columns(panel=pl.format("{} · d_model {}", "optimizer", "d_model"))
     chart = alt.Chart(df).mark_rect().encode(
-        x=alt.X("layer:O", title="Layer (0 = embeddings)"),
+        x=alt.X("layer:O", title="Layer (0 = embeddings)", axis=alt.Axis(labelAngle=0)),
         y=alt.Y("dim:O", title="Dimension", sort="ascending"),
         color=alt.Color("share:Q", title="Share of seeds in top-k", scale=alt.Scale(domain=[0, 1], scheme="greys")),
         tooltip=["optimizer", "layer", "dim", alt.Tooltip("share:Q", format=".2f"), alt.Tooltip("rank:Q", format=".1f")],
@@ -100,7 +100,7 @@ def ablation_chart(table: pl.DataFrame, caption: str | None = None) -> alt.TopLe
                     header=alt.Header(labelExpr="datum.value + ' ablation'")))
     caption = caption or ("Val-loss change when a top residual dimension is set to zero or to its mean at every "
                           "layer, by candidate rank (points: seeds); grey band: the same ablation of random "
-                          "dimensions (min to max), dashed: its median.")
+                          "dimensions (min to max), dashed: its median. Each panel has its own y scale.")
     return titled(chart.resolve_scale(y="independent"), "What the outlier dimensions do: ablations against "
                   "random dimensions", [], caption, figure_width(len(names), 160) + 60)
 
