@@ -59,6 +59,14 @@ def parse_primary(text: str | PrimaryContrast | None) -> PrimaryContrast | None:
     pooled = tuple(f.strip() for f in against.split("+") if f.strip())
     if not family.strip() or (against and not pooled):
         raise ValueError(f"primary contrast {text!r}: expected FAMILY[:AGAINST+AGAINST...][@FIT] or 'none'")
+    from analysis.charts.style import FAMILY_ORDER  # the families' vocabulary, declared once
+
+    unknown = [f for f in (family.strip(), *pooled) if f not in FAMILY_ORDER]
+    if unknown:
+        raise ValueError(f"primary contrast {text!r}: unknown famil{'ies' if len(unknown) > 1 else 'y'} "
+                         f"{', '.join(unknown)} (choose from {', '.join(FAMILY_ORDER)})")
+    if "@" in text and not fit.strip():
+        raise ValueError(f"primary contrast {text!r}: '@' names no fit")
     return PrimaryContrast(family.strip(), pooled, fit.strip() or None)
 
 

@@ -462,8 +462,12 @@ def report(
     results: SweepArg,
     out_dir: Annotated[Optional[str], typer.Option("--out", "-o", help="Output folder or URI (default <results>/report).")] = None,
     formats: Annotated[str, typer.Option("--format", "-f", help="Comma-separated: svg,png,pdf,html.")] = "svg,png",
+    primary: Annotated[str, typer.Option("--primary", help="The one contrast declared before the run: "
+                       "FAMILY[:AGAINST+AGAINST...][@FIT] (default per_coordinate against every other family "
+                       "pooled, in the first fit), or 'none'. Every other p-value is Holm-adjusted.")] = "per_coordinate",
 ) -> None:
     """Fit power laws and write paper-ready charts, tables and an index.html."""
+    from analysis.multiplicity import parse_primary
     from analysis.report import write_report
 
     fmts = tuple(f.strip() for f in formats.split(",") if f.strip())
@@ -472,11 +476,16 @@ def report(
         raise bad_input(f"--format {formats!r}: names no format (choose from svg, png, pdf, html)")
     if unknown:
         raise bad_input(f"--format: unknown {', '.join(sorted(unknown))} (choose from svg, png, pdf, html)")
+    try:  # the declared contrast is checked before the store is touched
+        contrast = parse_primary(primary)
+    except ValueError as exc:
+        raise bad_input(f"--primary: {exc}") from None
     folder = sweep_folder(results)
     refuse_writes_into_a_sweep("--out", out_dir)
     refuse_damage(folder, "report")
     try:
-        result = write_report(folder, out=out_dir, formats=fmts, on_progress=lambda m: out.print(f"  {m}", markup=False))
+        result = write_report(folder, out=out_dir, formats=fmts, primary=contrast,
+                              on_progress=lambda m: out.print(f"  {m}", markup=False))
     except (ValueError, OSError) as exc:
         raise bad_input(str(exc).splitlines()[0]) from None
     out.print(f"Report: [bold]{q(str(getattr(result, 'index', None) or out_dir or folder + '/report'))}[/]")

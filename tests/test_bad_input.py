@@ -518,6 +518,8 @@ CLI_CASES = {  # id -> (argv given the input folder, what the message must say)
     "report-format-comma": (lambda d: ["report", "SWEEP", "--format", ","], ["--format ',': names no format"]),
     "report-format-empty": (lambda d: ["report", "SWEEP", "--format", ""], ["names no format"]),
     "report-format-unknown": (lambda d: ["report", "SWEEP", "--format", "svg,gif"], ["--format: unknown gif"]),
+    "report-primary-unknown": (lambda d: ["report", "SWEEP", "--primary", "lion-family"], ["unknown family lion-family"]),
+    "report-primary-no-fit": (lambda d: ["report", "SWEEP", "--primary", "per_coordinate@"], ["'@' names no fit"]),
     "status-missing": (lambda d: ["status", f"{d}/nope"], ["nope: no such folder"]),
     "status-a-file": (lambda d: ["status", f"{d}/src.txt"], ["src.txt: not a folder"]),
     "report-no-sweep": (lambda d: ["report", f"{d}/empty_dir"], ["no sweep found"]),

@@ -42,7 +42,7 @@ def test_adjust_tables_is_one_holm_family_and_the_primary_keeps_its_raw_p() -> N
     ("text", "want"),
     [
         ("per_coordinate", PrimaryContrast()),
-        (" lion-family ", PrimaryContrast("lion-family")),
+        (" rotation_equivariant ", PrimaryContrast("rotation_equivariant")),
         ("per_coordinate:rotation_equivariant+adaptive_basis",
          PrimaryContrast("per_coordinate", ("rotation_equivariant", "adaptive_basis"))),
         ("per_coordinate@kurtosis_mlp_in_over_null", PrimaryContrast(fit="kurtosis_mlp_in_over_null")),
@@ -52,6 +52,15 @@ def test_adjust_tables_is_one_holm_family_and_the_primary_keeps_its_raw_p() -> N
 )  # fmt: skip
 def test_parse_primary(text: str | None, want: PrimaryContrast | None) -> None:
     assert parse_primary(text) == want
+
+
+def test_parse_primary_rejects_an_unknown_family_or_fit_name() -> None:
+    with pytest.raises(ValueError, match="unknown family lion-family"):
+        parse_primary("lion-family")
+    with pytest.raises(ValueError, match="unknown family nonsense"):
+        parse_primary("per_coordinate:nonsense")
+    with pytest.raises(ValueError, match="names no fit"):
+        parse_primary("per_coordinate@")
 
 
 def test_parse_primary_rejects_an_empty_side() -> None:

@@ -324,7 +324,7 @@ def test_main_charts_show_best_lr_points_and_say_so(tmp_path: Path) -> None:
                          lrs={"adam": [1e-3, 3e-3, 1e-2], "sgd": [0.1, 0.3]}, seed=3)  # fmt: skip
     rep = write_report(ladder.path, tmp_path / "rep", formats=("svg",), n_boot=20)
     assert "best-lr points" in rep.captions["kurtosis_resid_over_null_vs_params"]
-    assert "every lr tried" in rep.captions["kurtosis_vs_loss"]
+    assert "best lr" in rep.captions["kurtosis_vs_loss"]
     best = pl.read_csv(tmp_path / "rep" / "best_lr.csv")
     assert best.height == 4 and set(best.filter(pl.col("optimizer") == "sgd").get_column("edge")) == {"high"}
     # fits run over the best-lr points only: 2 sizes x 2 seeds per line, one lr each

@@ -184,9 +184,10 @@ def build(
                     queries.scale_table(results, "kurtosis", confidence=confidence),
                 ).collect()
                 built["kurtosis_vs_loss"] = (
-                    charts.kurtosis_vs_loss(every, facet=facet),
+                    charts.kurtosis_vs_loss(every, facet=facet, best=c.best_lr),
                     "Matched-loss view: residual-stream kurtosis (mean over blocks) against final "
-                    "validation loss, one point per config (every lr tried, every size; marker "
+                    "validation loss, one point per config at each lr ladder's best lr (faint: its "
+                    "other lrs that finished; every size; marker "
                     f"size = model size), {confidence:.0%} t-intervals over seeds both ways. "
                     "Compare optimisers at the same loss, not the same step.",
                 )
