@@ -252,8 +252,8 @@ class Resources(_Spec):
 class SweepSpec(_Spec):
     """A whole study: data, schedule, grid, resources."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    """Sweep name: the results sub-folder."""
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=255)
+    """Sweep name: the results sub-folder (a folder name: at most 255 characters, ASCII)."""
     data: DataConfig = DataConfig()
     """Corpus and context length, shared by every trial."""
     train: TrainSpec

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from resultstore.inputs import SPEC_MAX_BYTES, InputError, read_text
 from study.config import ModelConfig, _Frozen
 from sweep.spec_schema import SweepSpec, expand_ladders
 
@@ -29,13 +30,31 @@ class SpecError(ValueError):
 
 
 class SpecLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently) and reads
+    """SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently) and tags other
+    than the plain types (`!!binary aGVsbG8=` would become the name "hello"), honours merge keys
+    with overrides (`{<<: *base, lr: 1.0e-3}`: the key written beside the merge wins), and reads
     `1e15`, `3e-3` as floats (YAML 1.2; YAML 1.1 needs a dot and would give a string)."""
 
+    saw_alias = False
+    """An alias (`*name`) was composed: a spec too big to expand says which it is."""
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            self.saw_alias = True
+        tag = getattr(event, "tag", None)
+        if tag not in (None, "!") and tag not in PLAIN_TAGS:
+            shown = tag.replace("tag:yaml.org,2002:", "!!")
+            raise yaml.constructor.ConstructorError(
+                None, None, f"the tag {shown} is not allowed: a spec holds plain strings, numbers, booleans, "
+                "lists and mappings", event.start_mark)
+        return super().compose_node(parent, index)
+
     def construct_mapping(self, node, deep=False):
-        self.flatten_mapping(node)
         seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
+        for key_node, _ in node.value:  # the keys written here; merged ones may be overridden
+            if key_node.tag == MERGE_TAG:
+                continue
             key = self.construct_object(key_node, deep=True)
             try:
                 first = seen.get(key)
@@ -46,7 +65,12 @@ class SpecLoader(yaml.SafeLoader):
                     None, None, f"duplicate key {key!r} (first given at line {first}); give each key once",
                     key_node.start_mark)
             seen[key] = key_node.start_mark.line + 1
-        return super().construct_mapping(node, deep)
+        return super().construct_mapping(node, deep)  # flattens merges: keys written here come last and win
+
+
+MERGE_TAG = "tag:yaml.org,2002:merge"
+PLAIN_TAGS = frozenset(f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "seq", "map"))
+"""Tags a spec may spell out (`!!str 1e-3`); anything else (`!!binary`, `!!set`, `!custom`) is refused."""
 
 
 SpecLoader.add_implicit_resolver(
@@ -58,9 +82,9 @@ MAX_SPEC_VALUES = 100_000
 alias bomb (`&a [..]` nested in `&b [*a, *a, ...]`) is refused before it is built."""
 
 
-def _expansion(root: yaml.Node) -> tuple[tuple, yaml.Node, str] | None:
+def _expansion(root: yaml.Node, aliases: bool = True) -> tuple[tuple, yaml.Node, str] | None:
     """(place, node, why) when the YAML refers to itself (`&r [*r]`) or its aliases expand to
-    more than MAX_SPEC_VALUES values; None otherwise. Sizes are counted on the composed graph,
+    more than MAX_SPEC_VALUES values (`aliases`: the YAML has any); None otherwise. Sizes are counted on the composed graph,
     each shared node once, so this costs the size of the text, not of the expansion."""
     size: dict[int, int] = {}
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
@@ -88,6 +112,8 @@ def _expansion(root: yaml.Node) -> tuple[tuple, yaml.Node, str] | None:
             break
         step, node = big[0]
         place += (step,)
+    if not aliases:
+        return place, node, f"holds more than {MAX_SPEC_VALUES:,} values; a spec's grid lists hundreds"
     return place, node, f"aliases expand to more than {MAX_SPEC_VALUES:,} values; write the values out"
 
 
@@ -293,22 +319,14 @@ def read_yaml(path: str | Path) -> tuple[dict, yaml.Node]:
     """A spec file's top-level mapping and its YAML node, or SpecError naming the file (and the
     line) of what keeps it from being one."""
     path = Path(path)
-    if path.is_dir():
-        raise SpecError(f"{path}: is a folder, not a spec file")
-    if not path.is_file():
-        raise SpecError(f"{path}: no such spec file")
     try:
-        raw = path.read_bytes()
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
-        raise SpecError(f"{path}: line {line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the spec as UTF-8") from None
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        text = read_text(path, max_bytes=SPEC_MAX_BYTES, what="spec file")
+    except InputError as exc:
+        raise SpecError(str(exc)) from None
     loader = SpecLoader(text)
     try:
         root = loader.get_single_node()
-        bomb = _expansion(root) if root is not None else None
+        bomb = _expansion(root, loader.saw_alias) if root is not None else None
         if bomb is not None:
             place, node, why = bomb
             raise SpecError(f"{path}: {_loc(place)}: {why} (line {node.start_mark.line + 1})")
@@ -327,7 +345,7 @@ def read_yaml(path: str | Path) -> tuple[dict, yaml.Node]:
 
 def line_in(path: str | Path, loc: tuple) -> int | None:
     """The line of a place (`("resources", "gpu")`) in a spec file that already loaded."""
-    loader = SpecLoader(Path(path).read_text())
+    loader = SpecLoader(read_text(path, max_bytes=SPEC_MAX_BYTES, what="spec file"))
     try:
         return _line_of(loader.get_single_node(), loc)
     finally:
