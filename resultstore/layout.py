@@ -43,7 +43,6 @@ __all__ = [
     "is_sweep_folder",
     "table_files",
     "trial_of",
-    "writes_into_a_sweep",
 ]
 
 CHECKPOINT = "checkpoint.pt"
@@ -52,7 +51,8 @@ LOCK_FILE = "run.lock"
 PART = re.compile(r"^(?P<trial>.+)\.(?P<first>\d+)-(?P<last>\d+)\.parquet$")
 """A flushed part's name: <trial_id>.<first step>-<last step>.parquet."""
 STORE_FOLDERS = (*TABLES, "quarantine", "trials", "ray")
-"""A sweep folder's sub-folders that only the store's writer (`sweep run`, `sweep train`) writes."""
+"""A sweep folder's sub-folders that only the store's writer (`sweep run`, `sweep train`) writes
+(resultstore.paths judges an output path against them)."""
 
 
 class NoSweepError(ValueError):
@@ -141,32 +141,3 @@ def find_sweep(fs: Any, root: str, display: str) -> str:
             f"e.g. {display.rstrip('/')}/{sweeps[0].rsplit('/', 1)[-1]}"
         )
     raise NoSweepError(f"{display}: no sweep found ({expected})")
-
-
-def writes_into_a_sweep(target: Any, *, whole_folder: bool = False) -> str | None:
-    """Why writing `target` (an output file or folder, path or URI) would write inside a sweep's
-    tables, or None when it would not. `whole_folder`: `target` is a folder the writer may
-    replace (`data prepare --force`), so it must not be a sweep folder or hold one either."""
-    import pyarrow.fs as pafs
-
-    try:
-        fs, path = uri.filesystem(uri.normalize(target))
-    except (OSError, ValueError):
-        return None  # unreachable: the writer's own error says so
-    parts = path.rstrip("/").split("/")
-    for i in range(len(parts) - 1, 0, -1):
-        folder, sub = "/".join(parts[:i]), parts[i]
-        if (sub in STORE_FOLDERS or sub == LOCK_FILE) and folder and is_sweep_folder(fs, folder):
-            return f"it is inside {folder}/{sub}/, a sweep's own folder that only `sweep run` writes"
-    if whole_folder:
-        here = path.rstrip("/") or "/"
-        if is_sweep_folder(fs, here):
-            return f"it is a sweep's folder ({here}); choose a new folder"
-        try:
-            children = fs.get_file_info(pafs.FileSelector(here, allow_not_found=True))
-        except OSError:
-            return None
-        held = [c.path for c in children if c.type == pafs.FileType.Directory and is_sweep_folder(fs, c.path)]
-        if held:
-            return f"it holds a sweep ({held[0]}); choose a new folder"
-    return None

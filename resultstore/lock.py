@@ -1,4 +1,4 @@
-"""run.lock in a sweep's folder: one `sweep run` at a time (see SweepLock)."""
+"""run.lock in a sweep's folder: one writer of trial rows at a time (see SweepLock)."""
 
 from __future__ import annotations
 
@@ -8,61 +8,109 @@ import socket
 import threading
 import time
 import uuid
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from resultstore.layout import LOCK_FILE
+from resultstore.lock_object import MAX_LOCK_BYTES, lock_object
 from resultstore.uri import StorageError
 
 if TYPE_CHECKING:
     from resultstore.writer import ResultsStore
 
-__all__ = ["LockHeld", "SweepLock", "pid_alive"]
+__all__ = ["LockHeld", "SweepLock", "parse_record", "pid_alive"]
+
+_FIELDS = {"host": str, "pid": int, "start": (int, float), "expires": (int, float)}
+"""A lock record's fields and their types (its token and command are read when present)."""
 
 
 class LockHeld(StorageError):
-    """Another `sweep run` holds the sweep's lock (one line, naming the holder)."""
+    """Another writer holds the sweep's lock (one line, naming the holder)."""
+
+
+def parse_record(data: bytes | None, kind: str = "a file") -> dict:
+    """A lock record (host, pid, start, expires, token, command), or one whose `problem` says
+    why the bytes are none: such a lock is stale (SweepLock.stale) and is taken over."""
+    problem = None
+    rec: Any = None
+    if data is None:
+        problem = f"it is {kind}, not a lock file"
+    elif len(data) > MAX_LOCK_BYTES:
+        problem = f"it holds over {MAX_LOCK_BYTES} bytes"
+    else:
+        try:
+            rec = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            problem = f"not JSON: {str(exc).splitlines()[0][:80]}" if data.strip() else "it is empty"
+    if problem is None and not isinstance(rec, dict):
+        problem = f"a JSON {type(rec).__name__}, not an object"
+    if problem is None:
+        bad = next((k for k, t in _FIELDS.items() if not isinstance(rec.get(k), t) or isinstance(rec.get(k), bool)), None)
+        if bad is not None:
+            problem = f"its {bad} is {json.dumps(rec.get(bad))[:40]}" if bad in rec else f"it has no {bad}"
+        elif not 0 < rec["pid"] < 1 << 31:
+            problem = f"its pid {rec['pid']} is no process id"
+    if problem is None and not isinstance(rec.get("token", ""), str):
+        problem = "its token is not a string"
+    if problem is not None:
+        return {"host": "?", "pid": -1, "start": 0.0, "expires": 0.0, "token": "", "problem": problem}
+    return rec
 
 
 class SweepLock:
-    """run.lock in a sweep's folder: one `sweep run` at a time. Local: an atomic exclusive create;
-    object stores (no conditional put in pyarrow): a lock object with a lease, written, then read
-    back to see who won. The holder refreshes the lease every LEASE_S / 3 from a thread; a lock
-    whose pid is dead on this host, or whose lease expired, is stale and taken over."""
+    """run.lock in a sweep's folder: one writer of trial rows at a time (`sweep run`, `sweep
+    train`, `sweep probe sae`). Created atomically where none is (resultstore.lock_object: a hard
+    link locally, a conditional PUT on S3), with a lease the holder refreshes every LEASE_S / 3
+    from a thread. A lock whose pid is dead on this host, whose lease expired, or that cannot be
+    parsed (not JSON, a field of the wrong type, a folder) is stale: it is taken over with a
+    warning, by a replacement that only one of two takers can win. A folder named run.lock is
+    moved to quarantine/, never deleted."""
 
     LEASE_S = 120.0
 
-    def __init__(self, store: ResultsStore):
+    def __init__(self, store: ResultsStore, command: str = "sweep run"):
         self.store = store
+        self.command = command
         self.path = f"{store.path}/{LOCK_FILE}"
         self.token = uuid.uuid4().hex
+        self.warning: str | None = None
+        self._lock = lock_object(store, self.path)
+        self._version: Any = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._made: list = []
 
-    def _record(self) -> dict:
+    def _record(self) -> bytes:
         now = time.time()
-        return {"host": socket.gethostname(), "pid": os.getpid(), "start": getattr(self, "_start", now),
-                "expires": now + self.LEASE_S, "token": self.token}
+        return json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "start": getattr(self, "_start", now),
+                           "expires": now + self.LEASE_S, "token": self.token, "command": self.command}).encode()
+
+    def _snapshot(self):
+        try:
+            return self._lock.read()
+        except IsADirectoryError:  # an object store's "folder" at the lock's key
+            from resultstore.lock_object import Snapshot
+
+            return Snapshot(None, None, "a folder")
 
     def holder(self) -> dict | None:
-        try:
-            with self.store.fs.open_input_stream(self.path) as f:
-                return json.loads(f.read().decode())
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError):  # half-written or unreadable: treat as an expired lease
-            return {"host": "?", "pid": -1, "start": 0.0, "expires": 0.0, "token": ""}
+        """The current lock's record (see parse_record), or None when there is none."""
+        snap = self._snapshot()
+        return None if snap is None else parse_record(snap.data, snap.kind)
 
     @staticmethod
     def describe(rec: dict) -> str:
+        if rec.get("problem"):
+            return f"a run.lock that cannot be parsed: {rec['problem']}"
         start = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rec.get("start", 0)))
-        return f"host {rec.get('host')} pid {rec.get('pid')} since {start}"
+        return f"{rec.get('command', 'sweep run')}: host {rec.get('host')} pid {rec.get('pid')} since {start}"
 
     @staticmethod
     def stale(rec: dict) -> str | None:
         """Why `rec` no longer holds the sweep (None while it does)."""
-        if rec.get("host") == socket.gethostname() and not pid_alive(int(rec.get("pid", -1))):
-            return f"its process {rec.get('pid')} is gone"
+        if rec.get("problem"):
+            return "a lock that cannot be parsed is treated as stale"
+        if rec.get("host") == socket.gethostname() and not pid_alive(rec["pid"]):
+            return f"its process {rec['pid']} is gone"
         if rec.get("expires", 0) < time.time():
             return "its lease expired"
         return None
@@ -71,84 +119,83 @@ class SweepLock:
         """Take the lock or raise LockHeld naming the holder; returns a warning when a stale lock
         was taken over."""
         self._start = time.time()
-        warning = None
         if self.store.local:  # folders made only for the lock go again on release (nothing written)
-            made, path = [], Path(self.store.path)
+            from pathlib import Path
+
+            path = Path(self.store.path)
             while not path.exists() and path != path.parent:
-                made.append(path)
+                self._made.append(path)
                 path = path.parent
-            self._made = made
-        self.store.fs.create_dir(self.store.path, recursive=True)
-        for _ in range(2):
-            if self._create():
+        try:
+            self.store.fs.create_dir(self.store.path, recursive=True)
+            return self._take()
+        except OSError as exc:  # a full disk, a store gone read-only: nothing started
+            self.release()
+            raise StorageError(f"{self.store.uri}: cannot write {LOCK_FILE}: {exc.strerror or str(exc).splitlines()[0]}") from None
+
+    def _take(self) -> str | None:
+        warning = None
+        for _ in range(3):
+            self._version = self._lock.create(self._record())
+            if self._version is not None:
                 break
-            rec = self.holder()
-            if rec is None:
-                continue
+            snap = self._snapshot()
+            if snap is None:
+                continue  # released meanwhile: try again
+            rec = parse_record(snap.data, snap.kind)
             why = self.stale(rec)
             if why is None:
-                raise LockHeld(f"{self.store.uri}: another `sweep run` holds this sweep ({self.describe(rec)}); "
-                               f"wait for it, or remove {self.store.uri}/run.lock if it is truly gone")
-            warning = f"took over a stale lock of {self.describe(rec)}: {why}"
-            self.store.fs.delete_file(self.path)
+                raise LockHeld(f"{self.store.uri}: another `{rec.get('command', 'sweep run')}` holds this sweep "
+                               f"({self.describe(rec)}); wait for it, or remove {self.store.uri}/{LOCK_FILE} "
+                               "if it is truly gone")
+            aside = self._aside() if snap.data is None else None
+            self._version = self._lock.take_over(self._record(), snap.version, aside)
+            if self._version is not None:
+                warning = f"took over a stale lock ({self.describe(rec)}): {why}"
+                if aside is not None:
+                    warning += f"; it was moved to {aside}"
+                break
         else:
-            raise LockHeld(f"{self.store.uri}: another `sweep run` took the lock first")
+            raise LockHeld(f"{self.store.uri}: another writer took the lock first")
+        self.warning = warning
         self._thread = threading.Thread(target=self._heartbeat, daemon=True, name="sweep-lock")
         self._thread.start()
         return warning
 
-    def _create(self) -> bool:
-        data = json.dumps(self._record()).encode()
-        if self.store.local:
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                return False
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            return True
-        if self.holder() is not None:
-            return False
-        self._put(data)
-        time.sleep(0.5)  # a racing writer's put lands too; the last one wins, and both read it back
-        rec = self.holder()
-        return rec is not None and rec.get("token") == self.token
-
-    def _put(self, data: bytes) -> None:
-        if self.store.local:  # refresh atomically: a reader never sees half a record
-            tmp = f"{self.path}.{self.token}.tmp"
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, self.path)
-        else:
-            with self.store.fs.open_output_stream(self.path) as f:
-                f.write(data)
+    def _aside(self) -> str:
+        """Where a run.lock that is not a file goes: quarantine/, never deleted."""
+        folder = f"{self.store.path}/quarantine"
+        self.store.fs.create_dir(folder, recursive=True)
+        return f"{folder}/{LOCK_FILE}.{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(self.LEASE_S / 3):
-            rec = self.holder()
-            if rec is None or rec.get("token") != self.token:
-                return  # taken over (we were presumed dead): never overwrite the new holder
             try:
-                self._put(json.dumps(self._record()).encode())
+                version = self._lock.refresh(self._record(), self._version)
             except OSError:
-                pass
+                continue  # a full disk or a lost connection: the lease may lapse; the next beat tries again
+            if version is None:
+                return  # taken over (we were presumed dead): never overwrite the new holder
+            self._version = version
 
     def release(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        rec = self.holder()
-        if rec is not None and rec.get("token") == self.token:
-            self.store.fs.delete_file(self.path)
-        for folder in getattr(self, "_made", []):
+        if self._version is not None:
+            try:
+                self._lock.delete(self._version)
+            except OSError:
+                pass  # the lease expires on its own
+            self._version = None
+        for folder in self._made:
             try:
                 folder.rmdir()
             except OSError:  # something was written: keep it
                 break
 
     def __enter__(self) -> SweepLock:
-        self.warning = self.acquire()
+        self.acquire()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -166,5 +213,3 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-

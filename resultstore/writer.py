@@ -24,6 +24,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +36,7 @@ import pyarrow.parquet as pq
 from resultstore import uri
 from resultstore.layout import CHECKPOINT, FINAL_WEIGHTS, PART, DamagedFile, table_files, trial_of
 from resultstore.lock import SweepLock
+from resultstore.paths import local_write_problem
 from resultstore.schema import ARROW, FINISHED, SCHEMAS, TABLES
 from resultstore.uri import StorageError, first_line
 
@@ -66,14 +68,9 @@ class ResultsStore:
     def check_writable(self) -> None:
         """StorageError (one line) when the store cannot be reached or written; writes nothing."""
         uri.check_writable(self.uri)
-        if self.local:  # the first existing ancestor must be a writable folder
-            path = Path(self.path)
-            while not path.exists() and path != path.parent:
-                path = path.parent
-            if not path.is_dir():
-                raise StorageError(f"{self.path}: {path} is a file, not a folder")
-            if not os.access(path, os.W_OK | os.X_OK):
-                raise StorageError(f"{self.path}: {path} is not writable")
+        problem = local_write_problem(self.path) if self.local else None
+        if problem is not None:
+            raise StorageError(problem)
 
     # -- low-level ----------------------------------------------------------------------
 
@@ -177,6 +174,18 @@ class ResultsStore:
             path = f"{self.path}/{table}/{trial_id}.parquet"
             if self.fs.get_file_info(path).type == pafs.FileType.File:
                 self.fs.delete_file(path)
+
+    @contextmanager
+    def writing(self, command: str, *, repair: bool = True):
+        """Hold run.lock as `command` (LockHeld when another writer holds it); with `repair`, move
+        damaged files and incomplete trials to quarantine/ first. Yields the warnings (a stale
+        lock taken over, files moved), one line each."""
+        lock = SweepLock(self, command)
+        warning = lock.acquire()
+        try:
+            yield ([warning] if warning else []) + (self.quarantine() + self.quarantine_incomplete() if repair else [])
+        finally:
+            lock.release()
 
     def trial_dir(self, trial_id: str) -> Path | None:
         """Local folder for a trial's config and checkpoints (None for remote stores)."""

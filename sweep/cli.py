@@ -94,12 +94,14 @@ def sweep_folder(results: str) -> str:
 
 
 def open_store(results: str, sweep: str):
-    """The ResultsStore at results/sweep, or exit 2 when it cannot be reached or written, or lies
-    inside another sweep's tables (their readers would take its files for rows of theirs)."""
-    from resultstore.layout import writes_into_a_sweep
+    """The ResultsStore at results/sweep, or exit 2 when `results` names nothing, cannot be
+    reached or written, or resolves to inside another sweep's tables (their readers would take
+    its files for rows of theirs)."""
+    from resultstore.paths import output_problem, writes_into_a_sweep
     from resultstore.uri import StorageError
     from resultstore.writer import ResultsStore
 
+    refuse(output_problem("--results", results) if not str(results).strip() else None)
     try:
         store = ResultsStore(results, sweep)  # the one place `--results` becomes a store
     except StorageError as exc:
@@ -114,60 +116,20 @@ def open_store(results: str, sweep: str):
         raise bad_input(str(exc)) from None
 
 
-def refuse_writes_into_a_sweep(option: str, target: str | None, *, whole_folder: bool = False) -> None:
-    """Exit 2 when an output path lies inside a sweep's tables: only the store's writer writes there."""
-    from resultstore.layout import writes_into_a_sweep
-
-    why = writes_into_a_sweep(target, whole_folder=whole_folder) if target is not None else None
-    if why is not None:
-        raise bad_input(f"{option} {target}: {why}")
+def refuse(problem: str | None) -> None:
+    """Exit 2 with `problem` when there is one."""
+    if problem is not None:
+        raise bad_input(problem)
 
 
-def store_problems(store):
-    """(status, trial_id -> "damaged" | "incomplete", one line per problem): every damaged file,
-    and every done trial whose rows do not cover its steps (what `sweep run` re-runs)."""
-    from resultstore.layout import DamagedFile, trial_of
-
-    st = store.status()
-    damage = {trial_of(name): "damaged" for _, name, _ in st.damaged}
-    lines = [f"{store.uri}/{table}/{name}: damaged Parquet file ({why})" for table, name, why in st.damaged]
-    if not st.damaged:  # a damaged file would be named twice
-        try:
-            gaps = store.gaps_by_trial(st.runs)
-        except DamagedFile as exc:
-            gaps, lines = {}, [str(exc)]
-        damage.update({t: "incomplete" for t in gaps})
-        lines += [f"trial {t}: incomplete ({'; '.join(why)})" for t, why in gaps.items()]
-    return st, damage, lines
-
-
-REPAIR = "`sweep run` moves damaged files and incomplete trials to quarantine/ and re-runs them"
-
-
-def stored_runs(store):
-    """(the readable runs rows, trial_id -> "damaged" | "incomplete"), each problem named on stderr."""
-    if not store.exists():
-        import polars as pl
-
-        from resultstore.schema import SCHEMAS
-
-        return pl.DataFrame(schema=SCHEMAS["runs"]), {}
-    st, damage, lines = store_problems(store)
-    for line in lines:
-        err.print(f"[yellow]warning:[/] {q(line)}", highlight=False, soft_wrap=True)
-    if lines:
-        err.print(REPAIR, highlight=False)
-    return st.runs, damage
-
-
-def refuse_damage(folder: str, verb: str) -> None:
-    """Exit 2 naming every problem of store_problems: `verb` would read incomplete data as whole."""
+def refuse_damaged(folder: str, verb: str, *, rows: bool = True) -> None:
+    """Exit 2 naming every problem of the store's health check (damaged files; with `rows`,
+    incomplete trials too): `verb` would read damaged or incomplete data as whole."""
     from resultstore.writer import ResultsStore
+    from sweep.store_health import check
 
     store = ResultsStore.at(folder)
-    lines = store_problems(store)[2]
-    if lines:
-        raise bad_input(f"{verb}: {len(lines)} problem(s) in {store.uri}; {REPAIR}:\n" + "\n".join("  " + l for l in lines))
+    refuse(check(store, rows=rows).refusal(verb, store.uri))
 
 
 # ---- plan ------------------------------------------------------------------------------------
@@ -185,15 +147,22 @@ def plan(
     from resultstore.schema import FINISHED
     from sweep.estimate import estimate, measured_flops_per_s
     from sweep.spec import unprepared
+    from sweep.store_health import REPAIR, check as check_store
 
     spec, trials = load(spec_path, unprepared_ok=True)  # plan before `sweep data prepare` has run
     if unprepared(spec):
         out.print(f"[yellow]note:[/] data.tokens {q(str(spec.data.tokens))} is not prepared yet: sizes use its stated "
                   f"vocab_size {spec.data.vocab_size}; `sweep run` refuses until it exists (see the spec's header)")
     store = open_store(results, spec.name)
-    runs, damage = stored_runs(store)  # once: statuses and measured throughput both come from it
+    health = check_store(store)  # once: statuses and measured throughput both come from it
+    if not health.damaged:  # incomplete trials are re-run like pending ones: named, not refused
+        for line in health.problems:
+            err.print(f"[yellow]warning:[/] {q(line)}", highlight=False, soft_wrap=True)
+        if health.problems:
+            err.print(REPAIR, highlight=False)
+    runs = health.runs
     statuses = dict(zip(runs["trial_id"].to_list(), runs["status"].to_list()))
-    statuses.update(damage)
+    statuses.update(health.trials)
     gpu = spec.resources.gpu > 0 or any(o.gpu > 0 for o in spec.resources.by_size) or spec.device.startswith("cuda")
     try:
         est = estimate(trials, spec.resources.for_params, statuses, measured_flops_per_s(runs), gpu, device)
@@ -221,6 +190,8 @@ def plan(
     if est.extrapolating:
         out.print("[yellow]note:[/] extrapolating: run benchmarks/bench_throughput.py on the target device "
                   "(GPU: benchmarks/gpu_check.sh) to measure its row of sweep/throughput.json")
+    if health.damaged:  # unreadable files: what plan says of their trials may be wrong
+        refuse(health.refusal("plan", store.uri))
 
 
 # ---- run -------------------------------------------------------------------------------------
@@ -350,10 +321,13 @@ def status(
     from resultstore.lock import SweepLock
     from resultstore.writer import ResultsStore
     from sweep.launch import ladder_divergences
+    from sweep.store_health import check
 
     folder = sweep_folder(results)
     store = ResultsStore.at(folder)
-    st = store.status(verify=verify)
+    health = check(store, rows=verify)
+    st = health.status
+    gaps = [] if st.damaged else health.problems
     runs = st.runs
     ladder = ladder_divergences(runs)
     shown = runs.with_columns(pl.when(pl.col("trial_id").is_in(sorted(ladder))).then(pl.lit("diverged (ladder)"))
@@ -384,9 +358,9 @@ def status(
     for trial_id in st.unfinished:
         out.print(f"[yellow]started, no result[/] {trial_id}: running, or interrupted (`sweep run` re-runs it)",
                   highlight=False)
-    for gap in st.gaps:
+    for gap in gaps:
         out.print(f"[red]incomplete rows[/] {q(gap)}", highlight=False)
-    if verify and not st.gaps and not st.damaged:
+    if verify and not gaps and not st.damaged:
         out.print(f"verified: every file readable, rows of {runs.filter(runs['status'] == 'done').height} done "
                   "trials cover their steps", highlight=False)
     if st.damaged:
@@ -399,7 +373,7 @@ def status(
         out.print(f"diverged (ladder): {len(ladder)} trial(s) differ from a done trial only in the lr; the top of an "
                   "lr ladder bounds it from above, an expected outcome (exit 0 when nothing else is wrong)",
                   highlight=False)
-    if st.failed.filter(~pl.col("trial_id").is_in(sorted(ladder))).height or st.unfinished or st.gaps:
+    if st.failed.filter(~pl.col("trial_id").is_in(sorted(ladder))).height or st.unfinished or gaps:
         raise typer.Exit(1)
 
 
@@ -419,9 +393,10 @@ def train_one(
     results: ResultsOpt = "results",
 ) -> None:
     """Run one trial in-process, without Ray (debugging, benchmarks); writes the store."""
+    from resultstore.uri import StorageError
+    from resultstore.writer import StoreSink
     from sweep.grid import select
     from sweep.spec import SpecError
-    from resultstore.writer import StoreSink
     from sweep.trainable import train_trial
 
     spec, trials = load(spec_path)
@@ -443,7 +418,12 @@ def train_one(
                   highlight=False)
 
     try:
-        summary = train_trial(cfg, store, StoreSink(store, cfg.trial_id, on_progress=show))
+        with store.writing("sweep train") as notes:  # LockHeld (exit 2) beside a running `sweep run`
+            for note in notes:
+                err.print(f"[yellow]warning:[/] {q(note)}", highlight=False, soft_wrap=True)
+            summary = train_trial(cfg, store, StoreSink(store, cfg.trial_id, on_progress=show))
+    except StorageError as exc:  # the lock: held by another writer, or not writable
+        raise bad_input(str(exc)) from None
     except OSError as exc:  # a full disk, a store gone read-only: the trial failed, the store is not corrupt
         err.print(f"[red]trial {cfg.trial_id} failed[/]: cannot write {q(store.uri)}: {q(reason(exc))}; "
                   "the next `sweep train` or `sweep run` of it starts it again", highlight=False, soft_wrap=True)
@@ -469,6 +449,7 @@ def report(
     """Fit power laws and write paper-ready charts, tables and an index.html."""
     from analysis.multiplicity import parse_primary
     from analysis.report import write_report
+    from resultstore.paths import output_problem
 
     fmts = tuple(f.strip() for f in formats.split(",") if f.strip())
     unknown = set(fmts) - {"svg", "png", "pdf", "html"}
@@ -481,8 +462,8 @@ def report(
     except ValueError as exc:
         raise bad_input(f"--primary: {exc}") from None
     folder = sweep_folder(results)
-    refuse_writes_into_a_sweep("--out", out_dir)
-    refuse_damage(folder, "report")
+    refuse(output_problem("--out", out_dir))
+    refuse_damaged(folder, "report")
     try:
         result = write_report(folder, out=out_dir, formats=fmts, primary=contrast,
                               on_progress=lambda m: out.print(f"  {m}", markup=False))
@@ -504,13 +485,15 @@ def query(
     import polars as pl
 
     from resultstore import uri as storage
+    from resultstore.paths import output_problem
     from resultstore.reader import load as load_results
     from analysis.queries import sql as run_sql
 
     if out_file is not None and not out_file.endswith((".csv", ".parquet")):
         raise bad_input(f"--out: {out_file} must end in .csv or .parquet")
     folder = sweep_folder(results)
-    refuse_writes_into_a_sweep("--out", out_file)
+    refuse(output_problem("--out", out_file))
+    refuse_damaged(folder, "query", rows=False)  # a readable but incomplete store is a fair thing to query
     try:
         frame = run_sql(load_results(folder), sql)
     except (pl.exceptions.PolarsError, ValueError, OSError) as exc:
@@ -541,7 +524,7 @@ def data_prepare(
     source: Annotated[str, typer.Argument(help="Text file or folder, .jsonl/.parquet file, a `datasets` save_to_disk "
                                                "folder, or a Hugging Face dataset hf:NAME[:CONFIG] (streamed).",
                                           show_default=False)],
-    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Folder to write (shards, manifest.json).", show_default=False)],
+    out_dir: Annotated[str, typer.Option("--out", "-o", help="Folder to write (shards, manifest.json).", show_default=False)],
     tokenizer: Annotated[str, typer.Option(help="bytes, bpe:N (train a byte-level BPE of N ids), or a tokenizer.json path.")] = "bytes",
     tokens: Annotated[Optional[int], typer.Option(help="Stop after this many tokens (train + val).")] = None,
     val_fraction: Annotated[float, typer.Option(help="Share of documents held out (by a hash of each document).")] = 0.005,
@@ -556,9 +539,11 @@ def data_prepare(
 
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from resultstore.paths import output_problem
     from study.corpus.prepare import PrepareError, auto_workers, prepare, source_bytes
 
-    refuse_writes_into_a_sweep("--out", str(out_dir), whole_folder=True)
+    refuse(output_problem("--out", out_dir, whole_folder=True))
+    out_path = Path(out_dir)
     total = tokens or None
     progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TextColumn("{task.fields[tok]}"),
                         TimeElapsedColumn(), console=err, transient=True)  # the summary line replaces it
@@ -572,7 +557,7 @@ def data_prepare(
                             tok=f"{human(written)} tokens · {human(rate, ' tok/s')}")
 
         try:
-            manifest = prepare(source, out_dir, tokenizer=tokenizer, tokens=tokens, val_fraction=val_fraction,
+            manifest = prepare(source, out_path, tokenizer=tokenizer, tokens=tokens, val_fraction=val_fraction,
                                text_column=text_column, split=split,
                                workers=workers or auto_workers(tokenizer, os.cpu_count() or 1),
                                bpe_train_bytes=bpe_train_chars,
@@ -580,10 +565,10 @@ def data_prepare(
         except PrepareError as exc:
             raise bad_input(str(exc)) from None
     s = manifest["splits"]
-    out.print(f"{out_dir}: vocab {manifest['vocab_size']} ({manifest['dtype']}), train {s['train']['tokens']:,} "
+    out.print(f"{out_path}: vocab {manifest['vocab_size']} ({manifest['dtype']}), train {s['train']['tokens']:,} "
               f"/ val {s['val']['tokens']:,} tokens from {human(manifest['source_bytes'], 'B')} in "
               f"{duration(time.perf_counter() - t0)}; fingerprint {manifest['fingerprint']}\n"
-              f"  use it with  data: {{tokens: {out_dir}}}", highlight=False, markup=False)
+              f"  use it with  data: {{tokens: {out_path}}}", highlight=False, markup=False)
 
 
 app.add_typer(data_app, name="data")
@@ -612,10 +597,11 @@ def probe_sae(
     """Train TopK SAEs on done trials' residual streams, in the stored and a random basis, by Adam
     and by SGD; rows go to the sweep's `sae` table. Finished units are skipped."""
     from pydantic import ValidationError
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from sweep.probe import ProbeInputError, RayUnavailable, plan_probe, run_probe
+    from resultstore.uri import StorageError
     from study.sae import SAEConfig
+    from sweep.probe import ProbeInputError, plan_probe
+    from sweep.store_health import check as check_store
 
     folder = sweep_folder(results)
     try:
@@ -630,11 +616,22 @@ def probe_sae(
     if cpus <= 0 or gpus < 0:
         raise bad_input("--cpus must be > 0 and --gpus >= 0")
     store = open_store(*folder.rstrip("/").rsplit("/", 1))
+    refuse(check_store(store).refusal("probe sae", store.uri))  # SAEs on a damaged trial would be wrong
     try:
-        plan = plan_probe(store, where=where, layers=layer_list, tokens=tokens,
-                          sae_optimizers=tuple(o.strip() for o in sae_optimizers.split(",")), sae_json=sae_json)
-    except ProbeInputError as exc:
+        with store.writing("sweep probe sae", repair=False):  # one writer of the sweep's rows at a time
+            plan = plan_probe(store, where=where, layers=layer_list, tokens=tokens,
+                              sae_optimizers=tuple(o.strip() for o in sae_optimizers.split(",")), sae_json=sae_json)
+            run_planned_probe(plan, folder, address, cpus, gpus)
+    except (ProbeInputError, StorageError) as exc:
         raise bad_input(str(exc)) from None
+
+
+def run_planned_probe(plan, folder: str, address: str | None, cpus: float, gpus: float) -> None:
+    """Run a probe plan with a progress bar; exit 1 when a task failed or Ray did not start."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from sweep.probe import RayUnavailable, run_probe
+
     units = sum(len(t.sae_optimizers) for t in plan.tasks)
     out.print(f"{plan.trials} trials: {units} (trial, layer, SAE optimiser) to train, {plan.done} already done",
               highlight=False)

@@ -13,7 +13,6 @@ from typing import Callable, Literal
 
 from resultstore import uri
 from resultstore.ids import science_hash
-from resultstore.lock import SweepLock
 from resultstore.schema import UNSUCCESSFUL, Status
 from resultstore.writer import ResultsStore
 from study.config import TrialConfig
@@ -255,15 +254,10 @@ def run_sweep(
     if not isinstance(store, ResultsStore):
         store = ResultsStore(store, spec.name)
         store.check_writable()  # unreachable endpoint, missing bucket, bad credentials: before Ray starts
-    lock = SweepLock(store)
-    warning = lock.acquire()  # LockHeld (exit 2) when another run holds this sweep
-    try:
-        notes = ([warning] if warning else []) + store.quarantine() + store.quarantine_incomplete()
+    with store.writing("sweep run") as notes:  # LockHeld (exit 2) when another writer holds this sweep
         for note in notes:
             print(f"warning: {note}", file=sys.stderr)
         return _run_locked(spec, trials, store, address, max_concurrent, num_cpus, on_start, t0, notes)
-    finally:
-        lock.release()
 
 
 def _run_locked(spec, trials, store, address, max_concurrent, num_cpus, on_start, t0, notes) -> SweepOutcome:

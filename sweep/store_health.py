@@ -1,0 +1,71 @@
+"""One health check of a sweep's store, which every verb that reads it goes through: `plan`,
+`status` / `verify`, `query`, `report` and `probe sae` refuse a damaged store (exit 2, each
+problem named); `run` and `train` repair it under the lock (ResultsStore.writing).
+
+A problem is a Parquet file whose footer or schema cannot be read ("damaged"), or, when rows
+are checked, a done trial whose rows do not cover its steps ("incomplete").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["REPAIR", "Health", "check"]
+
+REPAIR = "`sweep run` moves damaged files and incomplete trials to quarantine/ and re-runs them"
+
+
+@dataclass(frozen=True)
+class Health:
+    """A store as read: its status, each trial at fault, and one line per problem."""
+
+    status: Any
+    """resultstore.writer.StoreStatus (None when the sweep folder does not exist yet)."""
+    trials: dict[str, str] = field(default_factory=dict)
+    """trial_id -> "damaged" | "incomplete"."""
+    problems: list[str] = field(default_factory=list)
+    gaps: dict[str, list[str]] = field(default_factory=dict)
+    """trial_id -> what its rows miss (checked rows only)."""
+
+    @property
+    def runs(self):
+        """The readable runs rows (empty, with the contract's columns, for a new sweep)."""
+        if self.status is None:
+            import polars as pl
+
+            from resultstore.schema import SCHEMAS
+
+            return pl.DataFrame(schema=SCHEMAS["runs"])
+        return self.status.runs
+
+    @property
+    def damaged(self) -> bool:
+        return bool(self.status is not None and self.status.damaged)
+
+    def refusal(self, verb: str, uri: str) -> str | None:
+        """Why `verb` must not read the store as it is (one line, then the problems), or None."""
+        if not self.problems:
+            return None
+        return f"{verb}: {len(self.problems)} problem(s) in {uri}; {REPAIR}:\n" + "\n".join("  " + p for p in self.problems)
+
+
+def check(store, *, rows: bool = True) -> Health:
+    """The store's health: every file's footer and schema, and with `rows` every done trial's
+    rows against its steps (what `sweep run` re-runs). A missing sweep folder is healthy."""
+    from resultstore.layout import DamagedFile, trial_of
+
+    if not store.exists():
+        return Health(None)
+    st = store.status()
+    trials = {trial_of(name): "damaged" for _, name, _ in st.damaged}
+    problems = [f"{store.uri}/{table}/{name}: damaged Parquet file ({why})" for table, name, why in st.damaged]
+    gaps: dict[str, list[str]] = {}
+    if rows and not st.damaged:  # a damaged file would be named twice
+        try:
+            gaps = store.gaps_by_trial(st.runs)
+        except DamagedFile as exc:
+            problems.append(str(exc))
+        trials.update({t: "incomplete" for t in gaps})
+        problems += [f"trial {t}: incomplete ({'; '.join(why)})" for t, why in gaps.items()]
+    return Health(st, trials, problems, gaps)
