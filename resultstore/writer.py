@@ -257,12 +257,22 @@ class ResultsStore:
                 self._move_aside(f"trials/{trial}/{CHECKPOINT}")
         return moved
 
-    def _move_aside(self, rel: str) -> None:
+    def _move_aside(self, rel: str) -> str:
+        """Move `rel` to quarantine/ (never over an earlier one); returns where it went."""
         target = f"{self.path}/quarantine/{rel}"
-        if self.fs.get_file_info(target).type != pafs.FileType.NotFound:  # never overwrite an earlier one
+        if self.fs.get_file_info(target).type != pafs.FileType.NotFound:
             target = f"{target}.{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
         self.fs.move(f"{self.path}/{rel}", target)
+        return target
+
+    def set_aside_checkpoint(self, trial_id: str, path: Path) -> str | None:
+        """Move the trial's checkpoint at `path` (one that cannot be loaded) to quarantine/ when it
+        is the store's own; returns where it went, or None for a checkpoint outside the store."""
+        rel = f"trials/{trial_id}/{CHECKPOINT}"
+        if self.local and Path(path).resolve() == (Path(self.path) / rel).resolve():
+            return self._move_aside(rel)
+        return None
 
     def started_ids(self) -> set[str]:
         """Trials that began (a local trial folder exists) — with or without a runs row."""

@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # the runs-table contract; study does not import analysis at 
 
 __all__ = [
     "CHECKPOINT_FILE", "Sink", "MemorySink", "RunSummary", "StopTraining", "resolve_device",
-    "lr_at", "code_version", "device_name", "save_checkpoint", "find_checkpoint", "Evaluation",
+    "lr_at", "code_version", "device_name", "save_checkpoint", "find_checkpoint", "UnreadableCheckpoint", "Evaluation",
     "evaluate", "train", "run_row",
 ]
 
@@ -199,6 +199,15 @@ def save_checkpoint(directory: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, directory / CHECKPOINT_FILE)
 
 
+class UnreadableCheckpoint(ValueError):
+    """A checkpoint that cannot be loaded (`path` names it): the caller sets it aside and starts over."""
+
+    def __init__(self, path: Path, cause: BaseException):
+        reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:200]
+        super().__init__(f"checkpoint {path} cannot be loaded ({type(cause).__name__}: {reason})")
+        self.path = Path(path)
+
+
 def find_checkpoint(directory: Path | None) -> Path | None:
     if directory is None:
         return None
@@ -322,16 +331,19 @@ def train(
     step, wall_before, initial_loss = 0, 0.0, None
     ckpt = find_checkpoint(resume_from if resume_from is not None else checkpoint_dir)
     if ckpt is not None:
-        state = torch.load(ckpt, map_location=device, weights_only=False)
-        if state["trial_id"] != cfg.trial_id:
-            raise ValueError(f"checkpoint {ckpt} belongs to trial {state['trial_id']}, not {cfg.trial_id}")
-        if sharded:
-            distributed.load_full_state(model, optimizer, state["model"], state["optimizer"])
-        else:
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-        data_gen.set_state(state["data_rng"])
-        step, wall_before, initial_loss = state["step"], state["wall_s"], state["initial_loss"]
+        try:  # truncated, random bytes, another torch's pickle: UnreadableCheckpoint names the file
+            state = torch.load(ckpt, map_location=device, weights_only=False)
+            if state["trial_id"] != cfg.trial_id:
+                raise ValueError(f"checkpoint {ckpt} belongs to trial {state['trial_id']}, not {cfg.trial_id}")
+            if sharded:
+                distributed.load_full_state(model, optimizer, state["model"], state["optimizer"])
+            else:
+                model.load_state_dict(state["model"])
+                optimizer.load_state_dict(state["optimizer"])
+            data_gen.set_state(state["data_rng"])
+            step, wall_before, initial_loss = state["step"], state["wall_s"], state["initial_loss"]
+        except Exception as exc:
+            raise UnreadableCheckpoint(ckpt, exc) from exc
     if ranks.main:
         sink.begin(step if ckpt is not None else None)
 

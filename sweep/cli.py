@@ -487,10 +487,16 @@ def query(
     from resultstore import uri as storage
     from resultstore.paths import output_problem
     from resultstore.reader import load as load_results
+    from resultstore.schema import TABLES
     from analysis.queries import sql as run_sql
+    from sweep.sql_guard import SqlRefused, check_select
 
     if out_file is not None and not out_file.endswith((".csv", ".parquet")):
         raise bad_input(f"--out: {out_file} must end in .csv or .parquet")
+    try:  # parsed, before the store is touched: one SELECT over the sweep's tables
+        check_select(sql, (*TABLES, "done_runs"))
+    except SqlRefused as exc:
+        raise bad_input(f"query: {exc}") from None
     folder = sweep_folder(results)
     refuse(output_problem("--out", out_file))
     refuse_damaged(folder, "query", rows=False)  # a readable but incomplete store is a fair thing to query

@@ -312,7 +312,7 @@ def _run_locked(spec, trials, store, address, max_concurrent, num_cpus, on_start
             storage_filesystem=None if store.local else store.fs,
             failure_config=tune.FailureConfig(max_failures=spec.retries),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-            callbacks=callbacks or [],
+            callbacks=[*(callbacks or []), warning_relay()],
             verbose=0,
         ),
     )
@@ -325,6 +325,19 @@ def _run_locked(spec, trials, store, address, max_concurrent, num_cpus, on_start
     ladder = frozenset(ladder_divergences(runs) & set(launched))
     return SweepOutcome(len(trials), len(trials) - len(todo), len(todo), launched, time.perf_counter() - t0,
                         tuple(notes), ladder)
+
+
+def warning_relay():
+    """A Tune callback printing each trial's warnings (a result with a "warning", e.g. a checkpoint
+    set aside) on the driver's stderr: a worker's own stderr stays in its node's log files."""
+    from ray.tune import Callback
+
+    class WarningRelay(Callback):
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            if result.get("warning"):
+                print(f"warning: {result['warning']}", file=sys.stderr, flush=True)
+
+    return WarningRelay()
 
 
 def record_errors(store: ResultsStore, todo: dict[str, TrialConfig], grid, statuses: dict[str, str]) -> list[str]:

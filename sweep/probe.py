@@ -24,6 +24,7 @@ import polars as pl
 
 from resultstore.layout import FINAL_WEIGHTS
 from resultstore.writer import ResultsStore
+from sweep.sql_guard import SqlRefused, check_select
 
 __all__ = ["ProbeInputError", "RayUnavailable", "ProbeOutcome", "ProbePlan", "ProbeTask", "plan_probe", "probe_task", "random_basis", "run_probe"]
 
@@ -91,6 +92,10 @@ def plan_probe(store: ResultsStore | str, *, where: str | None = None, layers: l
     uri = store.uri
     runs = store.read("runs").filter(pl.col("status") == "done")
     if where:
+        try:
+            check_select(f"SELECT trial_id FROM runs WHERE {where}", ["runs"])
+        except SqlRefused as exc:
+            raise ProbeInputError(f"--where: {exc}") from None
         try:
             ids = pl.SQLContext(runs=runs).execute(f"SELECT trial_id FROM runs WHERE {where}", eager=True)
         except Exception as exc:  # polars raises several kinds for bad SQL

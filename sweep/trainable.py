@@ -13,8 +13,10 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 from ray import tune
@@ -22,7 +24,7 @@ from ray import tune
 from resultstore.writer import ResultsStore, StoreSink
 from study.config import TrialConfig
 from study.data import check_corpus
-from study.train import RunSummary, run_row, train
+from study.train import RunSummary, UnreadableCheckpoint, run_row, train
 
 
 __all__ = [
@@ -77,16 +79,24 @@ def failed_row(cfg: TrialConfig, error: str) -> dict:
 
 
 def train_trial(cfg: TrialConfig, store: ResultsStore, sink: StoreSink, resume_from: Path | None = None,
-                checkpoint_dir: Path | None = None) -> RunSummary:
+                checkpoint_dir: Path | None = None, warn: Callable[[str], None] | None = None) -> RunSummary:
     """Train one trial into the store; on an exception write a `failed` runs row (with the error's
-    last line) and re-raise, so a retry (which resumes and overwrites it) or the user sees it."""
+    last line) and re-raise, so a retry (which resumes and overwrites it) or the user sees it.
+    A checkpoint that cannot be loaded is moved to quarantine/ and the trial starts again from
+    step 0, with a warning naming the file (to `warn`, default stderr)."""
     trial_dir = store.trial_dir(cfg.trial_id)
     if trial_dir is not None:
         trial_dir.mkdir(parents=True, exist_ok=True)
         (trial_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
         checkpoint_dir = checkpoint_dir or trial_dir
     try:
-        return train(cfg, sink, checkpoint_dir=checkpoint_dir, resume_from=resume_from)
+        try:
+            return train(cfg, sink, checkpoint_dir=checkpoint_dir, resume_from=resume_from)
+        except UnreadableCheckpoint as exc:
+            moved = store.set_aside_checkpoint(cfg.trial_id, exc.path)
+            (warn or _to_stderr)(f"trial {cfg.trial_id}: {exc}; " + (f"moved to {moved}; " if moved else "")
+                                 + "the trial restarts from step 0")
+            return train(cfg, sink, checkpoint_dir=checkpoint_dir, resume_from=None)
     except Exception as exc:
         lines = traceback.format_exception_only(exc)
         try:
@@ -94,6 +104,10 @@ def train_trial(cfg: TrialConfig, store: ResultsStore, sink: StoreSink, resume_f
         except Exception as write_exc:  # full disk, lost bucket: the driver writes it from Tune's error
             exc.add_note(f"(the failed row could not be written: {str(write_exc).splitlines()[0][:200]})")
         raise
+
+
+def _to_stderr(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 class WorkerSink(_RaySink):
@@ -211,9 +225,13 @@ def run_trial(config: dict) -> None:
         tune.report({"trial_id": cfg.trial_id, "status": row["status"], "step": row.get("steps"),
                      "total_steps": cfg.total_steps, "val_loss": row.get("final_val_loss"), "finished": True})
         return
+    def warn(message: str) -> None:  # the driver's WarningRelay prints it (worker logs stay on the node)
+        _to_stderr(message)
+        tune.report({"trial_id": cfg.trial_id, "warning": message})
+
     if store.local:
         # A local (shared) store keeps the newest checkpoint in the trial folder: resume from it.
-        summary = train_trial(cfg, store, sink)
+        summary = train_trial(cfg, store, sink, warn=warn)
     else:
         # An object store: checkpoints travel as Tune checkpoints under <results>/<sweep>/ray/. The
         # scratch folder is fresh on every (re)start, so a retry on another node resumes from the
@@ -221,10 +239,11 @@ def run_trial(config: dict) -> None:
         scratch = Path(tempfile.mkdtemp(prefix=f"sweep-{cfg.trial_id}-"))
         try:
             if checkpoint is None:
-                summary = train_trial(cfg, store, sink, checkpoint_dir=scratch)
+                summary = train_trial(cfg, store, sink, checkpoint_dir=scratch, warn=warn)
             else:
                 with checkpoint.as_directory() as restored:
-                    summary = train_trial(cfg, store, sink, resume_from=Path(restored), checkpoint_dir=scratch)
+                    summary = train_trial(cfg, store, sink, resume_from=Path(restored), checkpoint_dir=scratch,
+                                          warn=warn)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     tune.report({"trial_id": cfg.trial_id, "status": summary.status, "step": summary.steps,
