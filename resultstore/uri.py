@@ -15,6 +15,7 @@ pyarrow's filesystem lists and writes; Polars' ``scan_parquet`` gets the same en
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 __all__ = [
@@ -36,6 +37,10 @@ __all__ = [
 ]
 
 REMOTE_SCHEMES = ("s3", "gs", "gcs")
+GCS_RETRY_S = 10
+"""How long a GCS call retries before it fails (pyarrow's default is 15 minutes)."""
+CHECK_S = 30.0
+"""The longest check_writable waits for an object store's answer, whatever its client's retries."""
 ENDPOINT_VARS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 
 
@@ -107,9 +112,17 @@ def filesystem(path: str | os.PathLike[str]) -> tuple[Any, str]:
         fs = pafs.S3FileSystem(**kw, connect_timeout=5, request_timeout=30,
                                retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=2))
         return fs, text.split("://", 1)[1]
+    if s in ("gs", "gcs"):
+        import datetime
+
+        try:  # pyarrow's default retries an unreachable GCS for 15 minutes: give up in seconds
+            fs = pafs.GcsFileSystem(retry_time_limit=datetime.timedelta(seconds=GCS_RETRY_S))
+        except Exception as exc:  # pyarrow built without GCS
+            raise StorageError(f"{text}: {first_line(exc, None)}") from None
+        return fs, text.split("://", 1)[1]
     try:
         return pafs.FileSystem.from_uri(text)
-    except Exception as exc:  # unknown scheme, missing gcs support, ...
+    except Exception as exc:  # unknown scheme, ...
         raise StorageError(f"{text}: {first_line(exc, None)}") from None
 
 
@@ -141,15 +154,26 @@ def check_writable(path: str | os.PathLike[str]) -> None:
     fs, inner = filesystem(text)
     bucket = inner.split("/", 1)[0]
     where = f" at {s3_endpoint()}" if scheme(text) == "s3" and s3_endpoint() else ""
-    try:
-        info = fs.get_file_info(bucket)
-        if info.type == pafs.FileType.NotFound:
-            raise StorageError(f"{text}: bucket '{bucket}' does not exist{where}")
-        fs.get_file_info(pafs.FileSelector(inner, allow_not_found=True))  # a listing: credentials
-    except StorageError:
-        raise
-    except OSError as exc:
-        raise StorageError(f"{text}: cannot access the results store{where}: {_reason(exc)}") from None
+    answer: list = []
+
+    def ask() -> None:
+        try:
+            info = fs.get_file_info(bucket)
+            if info.type == pafs.FileType.NotFound:
+                answer.append(StorageError(f"{text}: bucket '{bucket}' does not exist{where}"))
+                return
+            fs.get_file_info(pafs.FileSelector(inner, allow_not_found=True))  # a listing: credentials
+            answer.append(None)
+        except OSError as exc:
+            answer.append(StorageError(f"{text}: cannot access the results store{where}: {_reason(exc)}"))
+
+    asking = threading.Thread(target=ask, daemon=True, name="check-writable")
+    asking.start()
+    asking.join(CHECK_S)
+    if not answer:
+        raise StorageError(f"{text}: no answer from the results store{where} in {CHECK_S:g} s (no network?)")
+    if answer[0] is not None:
+        raise answer[0]
 
 
 def first_line(exc: BaseException, limit: int | None = 200) -> str:
@@ -161,6 +185,7 @@ def first_line(exc: BaseException, limit: int | None = 200) -> str:
 def _reason(exc: BaseException) -> str:
     text = first_line(exc, None)
     for marker, say in (("NETWORK_CONNECTION", "connection failed (is the endpoint up?)"),
+                        ("OAuth2 access token", "no Google Cloud credentials or no network"),
                         ("ACCESS_DENIED", "access denied (check the credentials)"),
                         ("InvalidAccessKeyId", "access denied (unknown access key)"),
                         ("SignatureDoesNotMatch", "access denied (wrong secret key)"),

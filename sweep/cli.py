@@ -217,13 +217,14 @@ def run(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from resultstore.uri import StorageError
-    from sweep.launch import run_sweep
+    from sweep.launch import address_problem, run_sweep
     from sweep.spec import SpecError, line_in
 
     spec, trials = load(spec_path)
     if dry_run:
         plan(spec_path, results)
         return
+    refuse(address_problem(address))  # in seconds: Ray's own connect retries for minutes, silently
     store = open_store(results, spec.name)  # exit 2 before Ray starts when the store is unreachable
     if tracker is not None:  # a missing extra or an unreachable tracker: exit 2 before anything trains
         from sweep import tracking
@@ -606,6 +607,7 @@ def probe_sae(
 
     from resultstore.uri import StorageError
     from study.sae import SAEConfig
+    from sweep.launch import address_problem
     from sweep.probe import ProbeInputError, plan_probe
     from sweep.store_health import check as check_store
 
@@ -621,6 +623,7 @@ def probe_sae(
         raise bad_input(f"--{'.'.join(map(str, e['loc']))}: {e['msg']}") from None
     if cpus <= 0 or gpus < 0:
         raise bad_input("--cpus must be > 0 and --gpus >= 0")
+    refuse(address_problem(address))
     store = open_store(*folder.rstrip("/").rsplit("/", 1))
     refuse(check_store(store).refusal("probe sae", store.uri))  # SAEs on a damaged trial would be wrong
     try:

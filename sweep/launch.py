@@ -19,7 +19,7 @@ from study.config import TrialConfig
 from sweep.spec import SpecError, SweepSpec
 
 
-__all__ = ["SweepOutcome", "LOOPBACK", "check_resources", "ladder_divergences", "run_sweep", "record_errors"]
+__all__ = ["SweepOutcome", "LOOPBACK", "address_problem", "check_resources", "ladder_divergences", "run_sweep", "record_errors"]
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,40 @@ def _loopback_only() -> None:
 
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     ray_constants.ENABLE_RAY_CLUSTER = False  # read at call time; ray may be imported already
+
+
+ADDRESS_TIMEOUT_S = 5.0
+"""How long `--address` gets to answer a connection before the run is refused."""
+
+
+def address_problem(address: str | None) -> str | None:
+    """Why the Ray cluster at `address` (or RAY_ADDRESS) cannot be joined, found in at most
+    ADDRESS_TIMEOUT_S (nothing listening, a host that does not resolve, a malformed address);
+    None when it answers, or when there is none to check ("auto", "local", none given). Ray's
+    own connect retries for minutes and prints nothing meanwhile."""
+    import socket
+
+    given = address or os.environ.get("RAY_ADDRESS")
+    if not given or given in ("auto", "local"):
+        return None
+    option = "--address" if address else "RAY_ADDRESS"
+    client = given.startswith("ray://")
+    text = given.removeprefix("ray://")
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not host or not 0 < int(port) < 65536:
+        return f"{option} {given}: expected HOST:PORT (e.g. 10.0.0.5:6379, or ray://HOST:10001 for Ray Client)"
+    what = "a Ray Client server" if client else "a Ray cluster's head (its GCS port, 6379 by default)"
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=ADDRESS_TIMEOUT_S) as conn:
+            # Ray's GCS and Ray Client are gRPC servers: they answer HTTP/2's preface with SETTINGS
+            conn.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+            reply = conn.recv(9)
+    except OSError as exc:
+        why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        return f"{option} {given}: cannot connect within {ADDRESS_TIMEOUT_S:g} s ({why}); expected {what} there"
+    if len(reply) < 9 or reply[3] != 4:
+        return f"{option} {given}: something answers there, but not {what} (it does not speak gRPC)"
+    return None
 
 
 def _init_ray(address: str | None, num_cpus: int | None):
