@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from resultstore.inputs import file_kind
 from study.config import DataConfig, FieldError, TrialConfig
 from study.data import check_corpus, check_data
 from study.optim.registry import sharding_problem
@@ -32,7 +33,14 @@ MIN_STEP_S = 1e-4
 
 
 def checked_corpus(data: DataConfig, spec: dict, where: Where) -> tuple[DataConfig | None, str | None]:
-    """(study.data.check_corpus's DataConfig, None), or (None, its problem located in the spec)."""
+    """(study.data.check_corpus's DataConfig, None), or (None, its problem located in the spec).
+    A source that is neither a file nor a folder (a FIFO would block, /dev/zero never ends) is
+    named as what it is, before anything reads it."""
+    for name in ("text", "tokens"):
+        given = getattr(data, name)
+        kind = file_kind(Path(given).expanduser()) if given is not None else "missing"
+        if kind not in ("a file", "a folder", "missing"):
+            return None, where.format(("data", name), f"{given} is {kind}, not a file or folder", given)
     try:
         return check_corpus(data), None
     except FieldError as exc:

@@ -42,6 +42,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from resultstore.inputs import file_kind
+from resultstore.paths import local_write_problem
 from study.corpus.format import (
     BYTE_EOT, MANIFEST, TOKENS_FORMAT, TOKENS_FORMAT_VERSION, dtype_for, manifest_fingerprint,
 )
@@ -435,13 +437,17 @@ def partial_dir(out: Path) -> Path:
 
 def start_partial(out: Path, force: bool, on_event: Callable[[str], None]) -> Path:
     """Check OUT, clear a stale partial folder (naming it), and create a fresh one with our pid."""
+    kind = file_kind(out)
+    if kind not in ("missing", "a folder"):  # a file, a FIFO, a device, a symlink loop
+        raise PrepareError(f"--out {out}: is {kind}, not a folder")
+    problem = local_write_problem(out)  # its parent is a file, /proc, a read-only mount
+    if problem is not None:
+        raise PrepareError(f"--out {problem}")
     if out.exists():
         if (out / MANIFEST).exists() and not force:
             raise PrepareError(f"--out {out}: already holds a prepared corpus (manifest.json); pass --force to replace it")
         if not (out / MANIFEST).exists() and out.is_dir() and any(out.iterdir()):
             raise PrepareError(f"--out {out}: exists and is not a prepared corpus; choose another folder or remove it")
-        if out.is_file():
-            raise PrepareError(f"--out {out}: is a file")
     tmp = partial_dir(out)
     if tmp.exists():
         from resultstore.lock import pid_alive
@@ -534,7 +540,7 @@ def prepare(
 ) -> dict:
     """Tokenise `source` into shards under `out`; returns the manifest. `on_progress(bytes read,
     tokens written)` is called after every batch; an exception from it aborts (and cleans up)."""
-    out = Path(out).expanduser().resolve()
+    out = Path(os.path.realpath(Path(out).expanduser()))  # not resolve(): a symlink loop is named below
     on_event = on_event or (lambda m: None)
     if not 0 < val_fraction < 1:
         raise PrepareError(f"--val-fraction {val_fraction}: must lie in (0, 1)")
@@ -548,8 +554,10 @@ def prepare(
     hub = hub_name(source)
     if hub is not None:  # fail fast (offline, bad name) before creating anything
         _hub_dataset(hub[0], hub[1], split)
-    elif not Path(source).expanduser().exists():
+    elif (kind := file_kind(Path(source).expanduser())) == "missing":
         raise PrepareError(f"{source}: no such file or folder (a Hugging Face dataset is hf:NAME[:CONFIG])")
+    elif kind not in ("a file", "a folder"):  # a FIFO would block, /dev/zero never ends
+        raise PrepareError(f"{source}: is {kind}, not a text file or folder")
     folder = Path(source).expanduser()
     if hub is None and folder.is_dir() and not _is_saved_dataset(folder):
         skipped = _text_files(sorted(f for f in folder.rglob("*") if f.is_file() and not _hidden(f.relative_to(folder))))[1]
