@@ -10,92 +10,24 @@ from __future__ import annotations
 import functools
 import json
 import math
-import types
-import typing
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from resultstore.ids import canonical_json, digest, science_hash
+from study.attention import AttentionConfig
+from study.frozen import INT64_MAX, FieldError, _Frozen, without_new_defaults  # noqa: F401  (re-exported)
 from study.optim.registry import OPTIMIZERS, optimizer_family, optimizer_names, runs_columns
 
 __all__ = [
     "NormName", "OptimizerName", "RotationMode", "INT64_MAX", "FieldError", "without_new_defaults",
-    "ModelConfig", "RotationConfig", "OptimizerConfig", "DataConfig", "EvalBatchConfig",
+    "ModelConfig", "AttentionConfig", "RotationConfig", "OptimizerConfig", "DataConfig", "EvalBatchConfig",
     "TrainConfig", "RuntimeConfig", "TrialConfig",
 ]
 
 NormName = Literal["layernorm", "rmsnorm", "rmsnorm_scalar"]
 OptimizerName = Literal[optimizer_names()]  # the registry's names (study/optim/), in order
 RotationMode = Literal["none", "shared", "independent", "partial", "groups"]
-
-
-INT64_MAX = 2**63 - 1
-"""Largest integer the results store (int64 columns) can hold."""
-
-
-class FieldError(ValueError):
-    """A check across fields that belongs to one of them: `loc` ("train.eval_batch.seq_len" or
-    a tuple, relative to the model raising it) lets the spec loader report that field's line."""
-
-    def __init__(self, loc: str | tuple, message: str):
-        super().__init__(message)
-        self.loc = tuple(loc.split(".")) if isinstance(loc, str) else tuple(loc)
-
-
-def _allows(annotation: Any, kind: type) -> bool:
-    """Does `annotation` accept values of `kind` (through unions, containers and Literal members)?"""
-    if annotation is kind:
-        return True
-    if typing.get_origin(annotation) is Literal:
-        return any(type(a) is kind for a in typing.get_args(annotation))
-    return any(_allows(a, kind) for a in typing.get_args(annotation) if not isinstance(a, (str, int, types.NoneType)))
-
-
-def _numbers(value: Any, at: tuple = ()):
-    """(place, number) for every number (and bool) in value, looking inside lists and tuples only."""
-    if isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            yield from _numbers(v, at + (i,))
-    elif isinstance(value, (int, float)):
-        yield at, value
-
-
-class _Frozen(BaseModel):
-    """Typed, frozen, unknown keys refused; floats finite, no booleans where numbers go, and
-    integers that fit the store's int64, for every field of every config."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
-
-    id_optional: ClassVar[tuple[str, ...]] = ()
-    """Fields added after trials were stored: left out of the ids (and of config_json) while they
-    hold their default, so every trial_id and config_id stored before them stays what it was.
-    A new field of a config class is listed here (tests/test_config.py holds golden ids)."""
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _strict_numbers(cls, value: Any, info: ValidationInfo) -> Any:
-        for at, v in _numbers(value):
-            annotation = cls.__pydantic_fields__[info.field_name].annotation  # looked up only for numbers
-            if isinstance(v, bool) and not _allows(annotation, bool):
-                raise FieldError(at, "expected a number, not a boolean")
-            if abs(v) > INT64_MAX and (isinstance(v, int) or not _allows(annotation, float)):
-                raise FieldError(at, "must fit in a 64-bit integer (|x| <= 2**63 - 1), as the results store holds it")
-        return value
-
-
-def without_new_defaults(cfg: _Frozen, payload: dict) -> dict:
-    """`payload` (cfg's JSON dump) without the `id_optional` fields that hold their default, at
-    every level. Modifies and returns `payload`."""
-    fields = type(cfg).model_fields
-    for name in type(cfg).id_optional:
-        if name in payload and getattr(cfg, name) == fields[name].default:
-            del payload[name]
-    for name in fields:
-        value = getattr(cfg, name)
-        if isinstance(value, _Frozen) and isinstance(payload.get(name), dict):
-            without_new_defaults(value, payload[name])
-    return payload
 
 
 class ModelConfig(_Frozen):
@@ -389,6 +321,8 @@ class TrialConfig(_Frozen):
     """Transformer shape."""
     norm: NormName = "layernorm"
     """Normalisation before each read and at the end."""
+    attention: AttentionConfig = AttentionConfig()
+    """The attention every block computes (study.attention): softmax, softmax1, kv_bias, gated, clipped."""
     rotation: RotationConfig = RotationConfig()
     """Rotation plan between the residual stream and each layer's computation basis."""
     optimizer: OptimizerConfig
@@ -403,6 +337,8 @@ class TrialConfig(_Frozen):
     """Name of the sweep this trial belongs to (not part of trial_id)."""
     runtime: RuntimeConfig = RuntimeConfig()
     """Device and threads (not part of trial_id)."""
+
+    id_optional: ClassVar[tuple[str, ...]] = ("attention",)
 
     @model_validator(mode="after")
     def _check_cross(self) -> TrialConfig:
@@ -469,7 +405,7 @@ class TrialConfig(_Frozen):
         """Exact count of block + final-norm parameters (no token/position embedding, no unembed)."""
         d, f = self.model.d_model, self.model.d_mlp
         norm = {"layernorm": 2 * d, "rmsnorm": d, "rmsnorm_scalar": 1}[self.norm]
-        block = 2 * norm + 4 * d * d + 2 * d * f  # two norms, qkv + out, mlp in + out (no biases)
+        block = 2 * norm + 4 * d * d + 2 * d * f + self.attention.extra_params(d)  # norms, qkv + out, mlp, the variant's own
         return self.model.n_layers * block + norm
 
     @property
@@ -480,10 +416,10 @@ class TrialConfig(_Frozen):
 
     @property
     def flops_per_token(self) -> float:
-        """Training FLOPs per token: 6 (N_nonemb + d V) + 6 L T d (attention scores, causal not
-        discounted; Kaplan et al. 2020 / PaLM convention)."""
-        m = self.model
-        return 6.0 * (self.params_non_embedding + m.d_model * self.vocab_size) + 6.0 * m.n_layers * self.data.seq_len * m.d_model
+        """Training FLOPs per token: 6 (N_nonemb + d V) + 6 L (T + e) d (attention scores over T keys
+        and the variant's e extra ones, causal not discounted; Kaplan et al. 2020 / PaLM convention)."""
+        m, keys = self.model, self.data.seq_len + self.attention.extra_keys
+        return 6.0 * (self.params_non_embedding + m.d_model * self.vocab_size) + 6.0 * m.n_layers * keys * m.d_model
 
     @property
     def tokens_per_step(self) -> int:
@@ -522,7 +458,7 @@ class TrialConfig(_Frozen):
             "flops_per_token": self.flops_per_token,
             "optimizer": o.name, "optimizer_family": optimizer_family(o, self.norm), "lr": o.lr, "weight_decay": o.weight_decay,
             **runs_columns(o),  # momentum .. muon_ends, as the optimiser's registry entry fills them
-            "norm": self.norm, "rotation": self.rotation.mode,
+            "norm": self.norm, "attention": self.attention.label, "rotation": self.rotation.mode,
             "group_size": self.rotation.group_size,
             "rotation_groups": (json.dumps([list(g) for g in self.rotation.groups], separators=(",", ":"))
                                 if self.rotation.groups is not None else None),

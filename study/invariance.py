@@ -23,6 +23,10 @@ are a write (W_E -> W_E Q, P -> P Q, write_emb M_w -> Q^T M_w Q: (e Q)(Q^T M_w Q
 x' = x Q at layer 0), the final norm + unembedding a read (read_out M_r -> Q^T M_r Q: it sees
 u Q, N(u Q) = N(u) Q, and W_U -> W_U Q gives N(u) Q Q^T W_U^T = the original logits).
 
+Attention variants (study.attention) add maps of two kinds: a gate that reads the normalised
+input (gated: W_g -> W_g Q, like qkv) and a key/value bias in the heads' coordinates (kv_bias:
+untouched, as it never meets the residual basis); softmax1 and clipped add no parameter.
+
 Norm gains and biases are left untouched, so layernorm (mean subtraction, per-coordinate gain
 and bias) and rmsnorm (per-coordinate gain) are not invariant unless the gains happen to be
 uniform, while rmsnorm_scalar is invariant in exact arithmetic: its float64 loss change
@@ -76,7 +80,8 @@ def rotate_residual_basis(model: Transformer, Q: Tensor) -> Transformer:
     right(rotated.tok_emb.weight)
     right(rotated.pos_emb.weight)
     for block in rotated.blocks:
-        right(block.attn.qkv.weight)
+        for read in block.attn.reads:  # qkv, and gated attention's gate: both read the normalised input
+            right(getattr(block.attn, read).weight)
         left(block.attn.proj.weight)
         right(block.mlp.fc.weight)
         left(block.mlp.proj.weight)

@@ -14,7 +14,8 @@ The attribute names are an interface: the activation probe hooks `blocks[i].attn
 `.mlp_norm` (normalised inputs in the computation basis), `blocks[i].mlp.act` (neuron basis),
 blocks[0]'s input (the residual stream after write_emb) and each Block's output.
 
-No biases in Linear layers, untied unembedding, learned positions, GELU, causal SDPA.
+No biases in Linear layers, untied unembedding, learned positions, GELU, causal SDPA; the
+attention variant (study.attention) is `ATTENTIONS[name]`, `blocks[i].attn`.
 Construction never touches torch's global RNG: weights are drawn from
 `generator_for(seed, "init")` (in float64, then cast, so a float32 and a float64 model built
 from one seed hold the same numbers up to rounding).
@@ -30,12 +31,14 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.utils import skip_init
 
+from study.attention import AttentionConfig
 from study.config import TrialConfig
 from study.rotation import Plan, build_plan, generator_for
 
 __all__ = [
-    "EPS", "LayerNorm", "RMSNorm", "ScalarRMSNorm", "NORMS", "Rotate", "read_write", "linear",
-    "Attention", "MLP", "Block", "Transformer",
+    "EPS", "LayerNorm", "RMSNorm", "ScalarRMSNorm", "NORMS", "Rotate", "read_write", "linear", "logits", "Attention",
+    "ExtraKeyAttention", "KVBiasAttention", "GatedAttention", "ClippedAttention", "ATTENTIONS", "MLP", "Block",
+    "Transformer",
 ]
 
 EPS = 1e-5
@@ -116,19 +119,111 @@ def linear(d_in: int, d_out: int, dtype: torch.dtype) -> nn.Linear:
 # ---- layers -------------------------------------------------------------------------------
 
 
+def logits(q: Tensor, k: Tensor) -> Tensor:
+    """q . k / sqrt(D) for every query and key, in at least float32: (B, H, Tq, Tk)."""
+    return (q @ k.transpose(-2, -1)).to(torch.promote_types(q.dtype, torch.float32)) / math.sqrt(q.shape[-1])
+
+
 class Attention(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, dtype: torch.dtype):
+    """Causal softmax attention (SDPA). The variants below change `mix` (how the heads' values are
+    combined) or gate the output; `pattern` is the weight each query puts on each key, what the
+    probe's sink metrics read (study.sinks): `pattern(q, k) @ v` is `mix`'s output over the
+    sequence's own keys."""
+
+    reads = ("qkv",)  # the maps that read the normalised input (study.invariance rotates them)
+
+    def __init__(self, d_model: int, n_heads: int, dtype: torch.dtype, cfg: AttentionConfig = AttentionConfig()):
         super().__init__()
         self.n_heads = n_heads
         self.qkv = linear(d_model, 3 * d_model, dtype)  # reads the normalised input
         self.proj = linear(d_model, d_model, dtype)  # writes towards the residual stream
 
+    def heads(self, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """qkv's output (B, T, 3C) -> q, k, v, each (B, H, T, D)."""
+        B, T, C3 = qkv.shape
+        return tuple(t.view(B, T, self.n_heads, C3 // (3 * self.n_heads)).transpose(1, 2) for t in qkv.split(C3 // 3, dim=2))
+
+    def mix(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
+
+    def scores(self, q: Tensor, k: Tensor) -> Tensor:
+        """Causal logits: keys after the query at -inf, (B, H, T, T)."""
+        s = logits(q, k)
+        T = s.shape[-1]
+        return s.masked_fill(torch.ones(T, T, dtype=torch.bool, device=s.device).triu(1), -math.inf)
+
+    def pattern(self, q: Tensor, k: Tensor) -> Tensor:
+        return self.scores(q, k).softmax(-1)  # (B, H, T, T), at least float32
+
     def forward(self, x: Tensor) -> Tensor:
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
-        q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
-        return self.proj(y.transpose(1, 2).reshape(B, T, C))  # (B, T, C)
+        y = self.mix(*self.heads(self.qkv(x)))  # (B, H, T, D)
+        return self.proj(y.transpose(1, 2).reshape(x.shape))  # (B, T, C)
+
+
+class ExtraKeyAttention(Attention):
+    """softmax1: every query also sees one key with logit 0 and value 0 (SDPA over T + 1 keys)."""
+
+    def extra(self, q: Tensor) -> tuple[Tensor, Tensor]:
+        """The extra key and value, each (B, H, 1, D)."""
+        zero = q.new_zeros(q.shape[0], q.shape[1], 1, q.shape[3])
+        return zero, zero
+
+    def mix(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        k0, v0 = self.extra(q)
+        T = q.shape[2]
+        visible = torch.ones(T, T + 1, dtype=torch.bool, device=q.device).tril(1)  # key 0 = the extra: seen by all
+        return F.scaled_dot_product_attention(q, torch.cat([k0.to(k.dtype), k], 2), torch.cat([v0.to(v.dtype), v], 2),
+                                              attn_mask=visible)  # (B, H, T, D)
+
+    def pattern(self, q: Tensor, k: Tensor) -> Tensor:
+        extra = logits(q, self.extra(q)[0].to(q.dtype))  # (B, H, T, 1)
+        return torch.cat([extra, self.scores(q, k)], -1).softmax(-1)[..., 1:]  # the sequence's keys only
+
+
+class KVBiasAttention(ExtraKeyAttention):
+    """kv_bias: the extra key and value are learned, one of each per head (Sun et al. 2024)."""
+
+    def __init__(self, d_model: int, n_heads: int, dtype: torch.dtype, cfg: AttentionConfig = AttentionConfig()):
+        super().__init__(d_model, n_heads, dtype, cfg)
+        self.key_bias = nn.Parameter(torch.zeros(d_model, dtype=dtype))  # (H x D): vectors, so no weight decay
+        self.value_bias = nn.Parameter(torch.zeros(d_model, dtype=dtype))
+
+    def extra(self, q: Tensor) -> tuple[Tensor, Tensor]:
+        B, H, _, D = q.shape
+        return (self.key_bias.view(1, H, 1, D).expand(B, H, 1, D), self.value_bias.view(1, H, 1, D).expand(B, H, 1, D))
+
+
+class GatedAttention(Attention):
+    """gated: each head's output times sigmoid(x W_g^T), elementwise, from the normalised input x
+    (Qiu et al. 2025's G1: after SDPA, before the output projection)."""
+
+    reads = ("qkv", "gate")
+
+    def __init__(self, d_model: int, n_heads: int, dtype: torch.dtype, cfg: AttentionConfig = AttentionConfig()):
+        super().__init__(d_model, n_heads, dtype, cfg)
+        self.gate = linear(d_model, d_model, dtype)  # reads the normalised input, as qkv does
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.mix(*self.heads(self.qkv(x))).transpose(1, 2).reshape(x.shape)  # (B, T, C): heads side by side
+        return self.proj(y * torch.sigmoid(self.gate(x)))  # (B, T, C)
+
+
+class ClippedAttention(Attention):
+    """clipped: p = clip((zeta - gamma) softmax + gamma, 0, 1), explicit (Bondarenko et al. 2023)."""
+
+    def __init__(self, d_model: int, n_heads: int, dtype: torch.dtype, cfg: AttentionConfig = AttentionConfig(name="clipped")):
+        super().__init__(d_model, n_heads, dtype, cfg)
+        self.zeta, self.gamma = cfg.zeta, cfg.gamma
+
+    def pattern(self, q: Tensor, k: Tensor) -> Tensor:
+        return ((self.zeta - self.gamma) * self.scores(q, k).softmax(-1) + self.gamma).clamp(0.0, 1.0)
+
+    def mix(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return self.pattern(q, k).to(v.dtype) @ v  # (B, H, T, D)
+
+
+ATTENTIONS: dict[str, type[Attention]] = {"softmax": Attention, "softmax1": ExtraKeyAttention, "kv_bias": KVBiasAttention,
+                                          "gated": GatedAttention, "clipped": ClippedAttention}
 
 
 class MLP(nn.Module):
@@ -143,12 +238,13 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, d_mlp: int, norm: str, rotations: tuple[Tensor | None, Tensor | None], dtype: torch.dtype):
+    def __init__(self, d_model: int, n_heads: int, d_mlp: int, norm: str, rotations: tuple[Tensor | None, Tensor | None],
+                 dtype: torch.dtype, attention: AttentionConfig = AttentionConfig()):
         super().__init__()
         r_attn, r_mlp = rotations
         self.read_attn, self.write_attn = read_write(r_attn, dtype)
         self.attn_norm = NORMS[norm](d_model, dtype)
-        self.attn = Attention(d_model, n_heads, dtype)
+        self.attn = ATTENTIONS[attention.name](d_model, n_heads, dtype, attention)
         self.read_mlp, self.write_mlp = read_write(r_mlp, dtype)
         self.mlp_norm = NORMS[norm](d_model, dtype)
         self.mlp = MLP(d_model, d_mlp, dtype)
@@ -175,6 +271,7 @@ class Transformer(nn.Module):
         n_heads: int,
         d_mlp: int,
         norm: str = "layernorm",
+        attention: AttentionConfig | str = "softmax",
         plan: Plan | None = None,
         seed: int = 0,
         dtype: torch.dtype = torch.float32,
@@ -182,6 +279,7 @@ class Transformer(nn.Module):
         super().__init__()
         if norm not in NORMS:
             raise ValueError(f"norm must be one of {sorted(NORMS)}, not {norm!r}")
+        attention = AttentionConfig.model_validate(attention)
         plan = plan if plan is not None else Plan.identity(n_layers)
         if len(plan.blocks) != n_layers:
             raise ValueError(f"rotation plan has {len(plan.blocks)} blocks for {n_layers} blocks")
@@ -189,7 +287,8 @@ class Transformer(nn.Module):
         self.tok_emb = skip_init(nn.Embedding, vocab_size, d_model, dtype=dtype)
         self.pos_emb = skip_init(nn.Embedding, seq_len, d_model, dtype=dtype)
         self.write_emb = read_write(plan.embed, dtype)[1]  # Rotate(R_e^T) or Identity
-        self.blocks = nn.ModuleList(Block(d_model, n_heads, d_mlp, norm, plan.blocks[l], dtype) for l in range(n_layers))
+        self.blocks = nn.ModuleList(Block(d_model, n_heads, d_mlp, norm, plan.blocks[l], dtype, attention)
+                                    for l in range(n_layers))
         self.read_out = read_write(plan.unembed, dtype)[0]  # Rotate(R_u) or Identity
         self.final_norm = NORMS[norm](d_model, dtype)
         self.unembed = linear(d_model, vocab_size, dtype)
@@ -201,16 +300,20 @@ class Transformer(nn.Module):
         m = cfg.model
         plan = build_plan(cfg.rotation, m.n_layers, m.d_model, cfg.seed)
         return cls(vocab_size=cfg.vocab_size, seq_len=cfg.data.seq_len, d_model=m.d_model, n_layers=m.n_layers,
-                   n_heads=m.n_heads, d_mlp=m.d_mlp, norm=cfg.norm, plan=plan, seed=cfg.seed, dtype=dtype)
+                   n_heads=m.n_heads, d_mlp=m.d_mlp, norm=cfg.norm, attention=cfg.attention, plan=plan, seed=cfg.seed,
+                   dtype=dtype)
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator) -> None:
         """GPT-2 init: N(0, 0.02) everywhere, write maps (attn/mlp proj) N(0, 0.02 / sqrt(2 L)); norms 1/0.
 
-        Draws in float64 on the CPU from `generator`, in a fixed order, then copies in.
+        Draws in float64 on the CPU from `generator`, in a fixed order, then copies in: an
+        attention variant's own parameters (gate, key/value bias) last, so that every variant of
+        one seed starts from the same weights everywhere else.
         """
         out_std = 0.02 / math.sqrt(2 * len(self.blocks))
-        for name, p in self.named_parameters():
+        own = lambda name: ".attn." in name and not name.endswith(("qkv.weight", "proj.weight"))  # noqa: E731
+        for name, p in sorted(self.named_parameters(), key=lambda np_: own(np_[0])):  # stable: the order otherwise kept
             if "norm" in name:
                 p.fill_(0.0 if name.endswith("bias") else 1.0)
                 continue

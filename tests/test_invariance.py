@@ -12,15 +12,16 @@ from study.invariance import loss_change_by_dtype, plan_in_basis, rotate_residua
 from study.model import Rotate, Transformer
 from study.optim import build_optimizer
 from study.rotation import build_plan, generator_for, random_orthogonal
-from variants import L, ROTATIONS
+from variants import ATTENTION_NAMES, L, ROTATIONS
 
 
 D = 32
 
 
-def make_model(norm, rotation="none", dtype=torch.float64, perturb=True, seed=0):
+def make_model(norm, rotation="none", dtype=torch.float64, perturb=True, seed=0, attention="softmax"):
     """A model with 'trained-looking' norm parameters: gains 1 + N(0, 0.5), biases N(0, 0.3)."""
     cfg = TrialConfig(model={"d_model": D, "n_layers": L, "n_heads": 2}, norm=norm, rotation=ROTATIONS[rotation],
+                      attention=attention,
                       optimizer={"name": "adam", "lr": 1e-3}, train={"steps": 1}, data={"seq_len": 16}, seed=seed)
     model = Transformer.from_config(cfg, dtype=dtype)
     if perturb:
@@ -42,10 +43,13 @@ def q_for(seed=0):
     return random_orthogonal(D, generator_for(seed, "test-q"))
 
 
+@pytest.mark.parametrize("attention", ATTENTION_NAMES)
 @pytest.mark.parametrize("rotation", ROTATIONS)
 @pytest.mark.parametrize("norm", ["layernorm", "rmsnorm", "rmsnorm_scalar"])
-def test_rotated_logits(norm, rotation):
-    model = make_model(norm, rotation)
+def test_rotated_logits(norm, rotation, attention):
+    """Every attention variant x every rotation plan: invariant exactly (float64) with rmsnorm_scalar,
+    not with a per-coordinate norm."""
+    model = make_model(norm, rotation, attention=attention)
     x, _ = batch()
     diff = (rotate_residual_basis(model, q_for())(x)[0] - model(x)[0]).abs().max().item()
     if norm == "rmsnorm_scalar":
@@ -146,10 +150,10 @@ def test_loss_change_detects_layernorm():
 # ---- no parameter lives in the residual basis (every read and write rotated) ------------------
 
 
-def trial(norm, rotation, optimizer="adam"):
+def trial(norm, rotation, optimizer="adam", attention="softmax"):
     opt = {"name": "adam", "lr": 1e-2} if optimizer == "adam" else {"name": "sgd", "lr": 0.3, "momentum": 0.9}
     return TrialConfig(model={"d_model": D, "n_layers": L, "n_heads": 2}, norm=norm, rotation=rotation,
-                       optimizer=opt, train={"steps": 1}, data={"seq_len": 16}, seed=3)
+                       attention=attention, optimizer=opt, train={"steps": 1}, data={"seq_len": 16}, seed=3)
 
 
 def train_float64(cfg, plan, steps=6, ends_q=None):
@@ -158,7 +162,8 @@ def train_float64(cfg, plan, steps=6, ends_q=None):
     the per-step losses and the residual stream after each block on a held-out batch."""
     m = cfg.model
     model = Transformer(vocab_size=256, seq_len=16, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
-                        d_mlp=m.d_mlp, norm=cfg.norm, plan=plan, seed=cfg.seed, dtype=torch.float64)
+                        d_mlp=m.d_mlp, norm=cfg.norm, attention=cfg.attention, plan=plan, seed=cfg.seed,
+                        dtype=torch.float64)
     if ends_q is not None:
         with torch.no_grad():
             for p in (model.tok_emb.weight, model.pos_emb.weight, model.unembed.weight):
@@ -183,13 +188,16 @@ def train_float64(cfg, plan, steps=6, ends_q=None):
 ALL_READS = ["shared", "independent", {"mode": "partial", "group_size": 2}, {"mode": "groups", "groups": [[0, 1], [2, 3]]}]
 
 
+@pytest.mark.parametrize("attention", ATTENTION_NAMES)
 @pytest.mark.parametrize("rotation", ALL_READS, ids=str)
 @pytest.mark.parametrize("norm", ["layernorm", "rmsnorm_scalar"])
-def test_rotating_every_read_and_write_changes_nothing_adam_sees(norm, rotation):
+def test_rotating_every_read_and_write_changes_nothing_adam_sees(norm, rotation, attention):
     """R -> Q^T R for every rotation of the plan (plan_in_basis), same init, Adam in float64: the
     same loss curve step for step and a residual stream exactly Q times the original's, for a
-    basis-dependent norm too, since no parameter lives in the residual basis."""
-    cfg = trial(norm, rotation)
+    basis-dependent norm too and every attention variant, since no parameter lives in the
+    residual basis (gated's gate reads the normalised input, kv_bias's key and value live in the
+    heads' coordinates)."""
+    cfg = trial(norm, rotation, attention=attention)
     plan = build_plan(cfg.rotation, L, D, cfg.seed)
     q = q_for(5)
     _, losses, resid = train_float64(cfg, plan)

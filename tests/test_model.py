@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -11,14 +12,16 @@ import torch.nn as nn
 from study.config import TrialConfig
 from study.model import NORMS, LayerNorm, RMSNorm, Rotate, ScalarRMSNorm, Transformer
 from study.rotation import generator_for
-from variants import L, NORM_NAMES, ROTATIONS
+from variants import ATTENTION_NAMES, L, NORM_NAMES, ROTATIONS
 
 
 
 
-def make_cfg(norm="layernorm", rotation="none", seed=0, d_model=32, n_heads=2, d_mlp=0, seq_len=16, vocab=None):
+def make_cfg(norm="layernorm", rotation="none", seed=0, d_model=32, n_heads=2, d_mlp=0, seq_len=16, vocab=None,
+             attention="softmax"):
     data = {"seq_len": seq_len} if vocab is None else {"seq_len": seq_len, "tokens": "x.bin", "vocab_size": vocab}
     return TrialConfig(model={"d_model": d_model, "n_layers": L, "n_heads": n_heads, "d_mlp": d_mlp}, norm=norm,
+                       attention=attention,
                        rotation=ROTATIONS[rotation] if isinstance(rotation, str) else rotation, optimizer={"name": "adam", "lr": 1e-3},
                        train={"steps": 1}, data=data, seed=seed)
 
@@ -276,3 +279,190 @@ def test_folding_fails_for_basis_dependent_norm():
     fold_plan(base, rotated)
     x, _ = batch(make_cfg())
     assert (rotated(x)[0] - base(x)[0]).abs().max() > 1e-4
+
+
+# ---- the attention variants (study.attention): each computes what its paper defines ----------
+
+
+def one_head(name: str, **options) -> nn.Module:
+    """A one-head attention of d_model 1 (D = 1), float64, from ATTENTIONS."""
+    from study.attention import AttentionConfig
+    from study.model import ATTENTIONS
+
+    return ATTENTIONS[name](1, 1, torch.float64, AttentionConfig(name=name, **options))
+
+
+def counting_values(T: int = 3) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q = k = 0 (every logit 0: each query weighs its keys equally) and v_j = j + 1: (1, 1, T, 1)."""
+    zero = torch.zeros(1, 1, T, 1, dtype=torch.float64)
+    return zero, zero, torch.arange(1.0, T + 1, dtype=torch.float64).view(1, 1, T, 1)
+
+
+@pytest.mark.parametrize("name, options, want", [
+    ("softmax", {}, [1.0, 1.5, 2.0]),  # y_i = mean(v_0..v_i)
+    ("softmax1", {}, [1 / 2, 3 / 3, 6 / 4]),  # exp(0) / (1 + (i+1) exp(0)) = 1/(i+2) on each key, 0 on the zero value
+    ("clipped", {"gamma": -0.1}, [1.0, 0.45 * 3, (1.1 / 3 - 0.1) * 6]),  # clip(1.1 p - 0.1, 0, 1), p = 1/(i+1)
+    ("clipped", {"gamma": -0.5}, [1.0, 0.25 * 3, 0.0]),  # 1.5/3 - 0.5 = 0: query 2 attends to nothing
+    ("clipped", {"gamma": -0.1, "zeta": 2.5}, [1.0, 1.0 * 3, (2.6 / 3 - 0.1) * 6]),  # 2.6/2 - 0.1 = 1.2 -> 1
+    ("gated", {}, [1.0, 1.5, 2.0]),  # mix is softmax's; the gate acts in forward
+])
+def test_each_variant_mixes_values_as_its_paper_defines_by_hand(name, options, want):
+    attn = one_head(name, **options)
+    y = attn.mix(*counting_values()).flatten().tolist()
+    assert y == pytest.approx(want, abs=1e-12)
+
+
+def test_kv_bias_is_softmax_over_one_more_learned_key_and_value_by_hand():
+    """Sun et al.'s explicit bias: q = 0, so the learned key's logit is 0 too; value v' = 4: y_i =
+    (sum_{j<=i} v_j + 4) / (i + 2)."""
+    attn = one_head("kv_bias")
+    with torch.no_grad():
+        attn.key_bias.fill_(3.0)  # q = 0: its logit is 0 whatever the key
+        attn.value_bias.fill_(4.0)
+    assert attn.mix(*counting_values()).flatten().tolist() == pytest.approx([5 / 2, 7 / 3, 10 / 4], abs=1e-12)
+
+
+def reference_mix(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, zeta: float = 1.0, gamma: float = 0.0,
+                  k0: torch.Tensor | None = None, v0: torch.Tensor | None = None) -> torch.Tensor:
+    """Each paper's formula with Python loops over (b, h, i, j): the independent reference."""
+    B, H, T, D = q.shape
+    out = torch.zeros_like(v)
+    for b in range(B):
+        for h in range(H):
+            for i in range(T):
+                s = [float(q[b, h, i] @ k[b, h, j]) / math.sqrt(D) for j in range(i + 1)]
+                extra = None
+                if name == "softmax1":
+                    extra, value = 0.0, torch.zeros(D, dtype=v.dtype)
+                elif name == "kv_bias":
+                    extra, value = float(q[b, h, i] @ k0[h]) / math.sqrt(D), v0[h]
+                top = max(s + ([extra] if extra is not None else []))
+                e = [math.exp(x - top) for x in s]
+                total = sum(e) + (math.exp(extra - top) if extra is not None else 0.0)
+                p = [x / total for x in e]
+                if name == "clipped":
+                    p = [min(1.0, max(0.0, (zeta - gamma) * x + gamma)) for x in p]
+                out[b, h, i] = sum(pj * v[b, h, j] for j, pj in enumerate(p))
+                if extra is not None:
+                    out[b, h, i] += math.exp(extra - top) / total * value
+    return out
+
+
+@pytest.mark.parametrize("name", ["softmax", "softmax1", "clipped", "kv_bias"])
+def test_each_variant_matches_its_formula_on_a_random_input(name):
+    """Two heads of D = 3, five positions: mix (SDPA with the extra zero or learned key, or the
+    explicit clipped pattern) against the loop reference; `pattern @ v` is mix over the sequence's
+    own keys (the extra key's share is 1 - the row's sum)."""
+    from study.attention import AttentionConfig
+    from study.model import ATTENTIONS
+
+    cfg = AttentionConfig(name=name, **({"gamma": -0.08, "zeta": 1.2} if name == "clipped" else {}))
+    attn = ATTENTIONS[name](6, 2, torch.float64, cfg)
+    g = generator_for(0, "test-attention")
+    q, k, v = (torch.randn(2, 2, 5, 3, dtype=torch.float64, generator=g) * 2 for _ in range(3))
+    extra = {}
+    if name == "kv_bias":
+        with torch.no_grad():
+            attn.key_bias.copy_(torch.randn(6, dtype=torch.float64, generator=g))
+            attn.value_bias.copy_(torch.randn(6, dtype=torch.float64, generator=g))
+        extra = {"k0": attn.key_bias.view(2, 3), "v0": attn.value_bias.view(2, 3)}
+    want = reference_mix(name, q, k, v, zeta=cfg.zeta or 1.0, gamma=cfg.gamma or 0.0, **extra)
+    torch.testing.assert_close(attn.mix(q, k, v), want, atol=1e-12, rtol=0)
+    p = attn.pattern(q, k)
+    assert p.shape == (2, 2, 5, 5) and (p.triu(1) == 0).all()  # causal
+    own = p @ v
+    if name == "kv_bias":
+        own = own + (1 - p.sum(-1, keepdim=True)) * attn.value_bias.view(1, 2, 1, 3)
+    torch.testing.assert_close(own, want, atol=1e-12, rtol=0)
+
+
+def test_gated_attention_gates_each_head_output_elementwise_before_the_output_projection():
+    """Qiu et al.'s G1: y * sigmoid(x W_g^T) per channel of the concatenated heads, x the normalised
+    input the qkv map reads, then proj. With proj = I and W_g = c I the output is the softmax
+    attention's heads times sigmoid(c x) channel by channel; W_g = 0 halves softmax attention."""
+    from study.model import Attention, GatedAttention
+
+    d, H = 4, 2
+    gated, plain = GatedAttention(d, H, torch.float64), Attention(d, H, torch.float64)
+    g = generator_for(1, "test-gate")
+    with torch.no_grad():
+        for m in (gated, plain):
+            m.qkv.weight.copy_(torch.randn(3 * d, d, dtype=torch.float64, generator=g))
+            m.proj.weight.copy_(torch.eye(d, dtype=torch.float64))
+        plain.qkv.weight.copy_(gated.qkv.weight)
+        gated.gate.weight.copy_(2.0 * torch.eye(d, dtype=torch.float64))
+    x = torch.randn(3, 5, d, dtype=torch.float64, generator=g)
+    torch.testing.assert_close(gated(x), plain(x) * torch.sigmoid(2.0 * x), atol=1e-12, rtol=0)
+    with torch.no_grad():
+        gated.gate.weight.zero_()
+        gated.proj.weight.copy_(torch.randn(d, d, dtype=torch.float64, generator=g))
+        plain.proj.weight.copy_(gated.proj.weight)
+    torch.testing.assert_close(gated(x), 0.5 * plain(x), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("name", ATTENTION_NAMES)
+def test_every_variant_is_causal_counted_and_shares_the_common_init(name):
+    """Each variant's model: causal, its parameter count the config's, and at one seed every weight
+    it shares with softmax identical (the variant's own drawn last)."""
+    cfg = make_cfg("rmsnorm_scalar", attention=name)
+    model = Transformer.from_config(cfg)
+    assert model.num_params() == cfg.params and model.num_params(non_embedding=True) == cfg.params_non_embedding
+    x, y = batch(cfg, B=3)
+    logits, loss = model(x, y)
+    assert abs(loss.item() - math.log(256)) < 0.1
+    torch.testing.assert_close(model(x[:, :5])[0], logits[:, :5], atol=1e-5, rtol=1e-5)  # causal
+    softmax = Transformer.from_config(make_cfg("rmsnorm_scalar")).state_dict()
+    own = {k for k in model.state_dict() if k not in softmax}
+    assert own == {f"blocks.{l}.attn.{p}" for l in range(L) for p in
+                   {"gated": ["gate.weight"], "kv_bias": ["key_bias", "value_bias"]}.get(name, [])}
+    for key, value in softmax.items():
+        assert torch.equal(model.state_dict()[key], value), key
+    loss.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", ATTENTION_NAMES)
+def test_every_variant_trains_under_bf16_autocast(name):
+    """A few AdamW steps on one batch under CPU bf16 autocast: finite, falling loss."""
+    model = Transformer.from_config(make_cfg("rmsnorm_scalar", attention=name))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    x, y = batch(make_cfg(), B=4)
+    losses = []
+    for _ in range(8):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _, loss = model(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0] - 0.1, losses
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ATTENTION_NAMES)
+def test_every_variant_compiles_on_cpu_and_matches_eager(name):
+    """torch.compile (inductor, CPU) of each variant's attention, the only part that differs:
+    forward and backward equal eager's, in float32 and under bf16 autocast. (The whole model
+    compiles too; at ~3 min a variant on one core, that is left to benchmarks/gpu_check.sh.)"""
+    from study.attention import AttentionConfig
+    from study.model import ATTENTIONS
+
+    torch.manual_seed(0)
+    eager = ATTENTIONS[name](32, 2, torch.float32, AttentionConfig(name=name))
+    with torch.no_grad():
+        for p in eager.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator_for(0, "test-compile", p.numel())) * 0.3)
+    compiled = copy.deepcopy(eager)
+    fast = torch.compile(compiled)
+    x = torch.randn(2, 16, 32, generator=generator_for(1, "test-compile"))
+    for autocast in (False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            a, b = eager(x), fast(x)
+        close = lambda got, want: torch.testing.assert_close(  # noqa: E731  bf16: ~2 ulp of the largest value
+            got.float(), want.float(), rtol=2e-2 if autocast else 1e-4, atol=(2e-2 if autocast else 1e-5) * want.abs().max().item())
+        close(b, a)
+        a.float().pow(2).sum().backward()
+        b.float().pow(2).sum().backward()
+        for p, q in zip(eager.parameters(), compiled.parameters()):
+            close(q.grad, p.grad)
+            p.grad, q.grad = None, None

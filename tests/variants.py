@@ -2,6 +2,7 @@
 
 L = 4  # blocks in the test models
 NORM_NAMES = ["layernorm", "rmsnorm", "rmsnorm_scalar"]
+ATTENTION_NAMES = ["softmax", "softmax1", "gated", "clipped", "kv_bias"]  # study.attention
 ROTATIONS = {
     "none": "none",
     "shared": "shared",
