@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from study import sinks
 from study.rotation import generator_for, random_orthogonal
 
 __all__ = [
@@ -314,7 +315,12 @@ class ActivationProbe:
       block.mlp_norm (what the layer's first linear map sees, in its own basis), with the same
       basis test in basis `random` (kurtosis, top1_share, spread, median, rank p-values);
     - `mlp_act`, basis `neuron`, layers 1..L: output of block.mlp.act;
-    - `model`, basis `computation`, layer -1: `dettmers_outliers` over all attn_in + mlp_in.
+    - `model`, basis `computation`, layer -1: `dettmers_outliers` over all attn_in + mlp_in;
+    - `attn`, basis `heads`, layers 1..L: the attention-sink measures (study.sinks: mass on the
+      first position, on delimiters, on no key, the fraction of sink heads), from each block's
+      attention pattern, recomputed from the q and k its qkv map returns; basis `uniform`, layer
+      -1: what uniform causal attention reads on the same tokens. `delimiter` (V,) bool names the
+      delimiter ids (study.attribution.TokenInfo.delimiter); None: `sinks.delimiter_ids`.
 
     Forward hooks exist only during `run` (removed in a finally), so training pays nothing.
     Metrics are computed inside the hooks, as each activation appears (so later in-place ops
@@ -324,13 +330,15 @@ class ActivationProbe:
     A torch.compile wrapper is unwrapped (hooks run on the eager module).
     """
 
-    def __init__(self, model: nn.Module, seed: int, threshold: float = 6.0, n_bases: int = CONTROL_BASES):
+    def __init__(self, model: nn.Module, seed: int, threshold: float = 6.0, n_bases: int = CONTROL_BASES,
+                 delimiter: Tensor | None = None):
         if n_bases < 2:
             raise ValueError(f"n_bases must be >= 2 (the control keeps its sd across bases), got {n_bases}")
         self.model = getattr(model, "_orig_mod", model)
         self.seed = seed
         self.threshold = threshold
         self.n_bases = n_bases
+        self.delimiter = delimiter
         self._bases: Tensor | None = None
 
     def random_bases(self, d: int, device: torch.device) -> Tensor:
@@ -368,6 +376,22 @@ class ActivationProbe:
                 measure(layer, site, basis, output)
             return hook
 
+        vocab = model.tok_emb.num_embeddings
+        delimiter = (self.delimiter.to(x.device) if self.delimiter is not None else sinks.delimiter_ids(vocab, x))[x]  # (B, T)
+
+        def on_qkv(layer: int, attn: nn.Module):
+            def hook(_module, _inputs, output):
+                with torch.autocast(output.device.type, enabled=False):
+                    q, k, _ = attn.heads(output.detach().float())
+                    B, H, T = q.shape[:3]
+                    step = max(1, sinks.MAX_CHUNK // (H * T * T))
+                    stats = sum(sinks.head_stats(attn.pattern(q[b : b + step], k[b : b + step]), delimiter[b : b + step])
+                                * (min(step, B - b) / B) for b in range(0, B, step))
+                for name, value in sinks.finish(stats).items():
+                    keys.append((layer, sinks.SITE, sinks.BASIS, name))
+                    values.append(value)
+            return hook
+
         handles = [blocks[0].register_forward_pre_hook(lambda _m, args: measure(0, "resid", "stored", args[0]))]
         for l, block in enumerate(blocks, start=1):
             handles += [
@@ -375,6 +399,7 @@ class ActivationProbe:
                 block.attn_norm.register_forward_hook(on_output(l, "attn_in", "computation")),
                 block.mlp_norm.register_forward_hook(on_output(l, "mlp_in", "computation")),
                 block.mlp.act.register_forward_hook(on_output(l, "mlp_act", "neuron")),
+                block.attn.qkv.register_forward_hook(on_qkv(l, block.attn)),
             ]
         was_training = model.training
         try:
@@ -388,6 +413,9 @@ class ActivationProbe:
 
         keys.append((-1, "model", "computation", "dettmers_outliers"))
         values.append(_dettmers_count(torch.stack(hits), layer_frac=0.25))
+        for name, value in sinks.uniform_reference(delimiter).items():
+            keys.append((-1, sinks.SITE, sinks.UNIFORM, name))
+            values.append(value)
         scalars = torch.stack([v.float() for v in values] + [loss.detach().float()])
         flat = torch.cat([scalars, *(e.detach().float().reshape(-1) for e in extra)]).tolist()  # the one host sync
         out, rest = flat[: len(scalars)], flat[len(scalars):]

@@ -31,6 +31,7 @@ from study.metrics import (
     outlier_dims,
     top_share,
 )
+from study import sinks
 from study.model import Transformer
 from study.rotation import generator_for, random_orthogonal
 
@@ -355,6 +356,8 @@ def expected_keys(n_layers: int) -> set[tuple]:
              for m in ("kurtosis", "top1_share", *tested)}
     keys |= {(l, s, "computation", m) for l in range(1, n_layers + 1) for s in ("attn_in", "mlp_in") for m in METRICS}
     keys |= {(l, "mlp_act", "neuron", m) for l in range(1, n_layers + 1) for m in METRICS}
+    keys |= {(l, "attn", "heads", m) for l in range(1, n_layers + 1) for m in sinks.METRICS}
+    keys |= {(-1, "attn", "uniform", m) for m in ("first_mass", "delimiter_mass")}
     return keys | {(-1, "model", "computation", "dettmers_outliers")}
 
 
