@@ -7,16 +7,22 @@ import itertools
 import math
 
 from study.config import (
-    FieldError, ModelConfig, OptimizerConfig, RotationConfig, RuntimeConfig, TrainConfig, TrialConfig,
+    AttentionConfig, FieldError, ModelConfig, OptimizerConfig, RotationConfig, RuntimeConfig, TrainConfig, TrialConfig,
 )
 from sweep.spec_schema import BatchScaling, LrScaling, OptimizerEntry, SweepSpec, TrainSpec
 from sweep.spec_yaml import SpecError
 
-__all__ = ["expand", "select", "trial_config"]
+__all__ = ["attention_axis", "expand", "select", "trial_config"]
+
+
+def attention_axis(spec: SweepSpec) -> list[AttentionConfig]:
+    """grid.attention, or [softmax] for a grid without that axis (every spec before it; and every
+    spec while sweep.spec_schema.Grid does not declare the axis yet)."""
+    return list(getattr(spec.grid, "attention", None) or [AttentionConfig()])
 
 
 def trial_config(spec: SweepSpec, model: ModelConfig, optimizer: OptimizerConfig, norm: str,
-                 rotation: RotationConfig, seed: int) -> TrialConfig:
+                 rotation: RotationConfig, seed: int, attention: AttentionConfig = AttentionConfig()) -> TrialConfig:
     """One grid point's TrialConfig, with the size rules (lr_scaling, batch_scaling,
     warmup_tokens_per_param) resolved to plain numbers. A rule that gives no usable value raises
     FieldError at its place (("optimizer", "lr_scaling") or ("train", ...))."""
@@ -24,7 +30,7 @@ def trial_config(spec: SweepSpec, model: ModelConfig, optimizer: OptimizerConfig
     if isinstance(optimizer, OptimizerEntry):
         optimizer = optimizer.plain()
     train: TrainConfig = spec.train.plain() if isinstance(spec.train, TrainSpec) else spec.train
-    cfg = TrialConfig(model=model, norm=norm, rotation=rotation, optimizer=optimizer, data=spec.data,
+    cfg = TrialConfig(model=model, norm=norm, attention=attention, rotation=rotation, optimizer=optimizer, data=spec.data,
                       train=train, seed=seed, sweep=spec.name,
                       runtime=RuntimeConfig(device=spec.device, compile=spec.compile))
     batch_rule = getattr(spec.train, "batch_scaling", None)
@@ -63,8 +69,8 @@ def _sized(cfg: TrialConfig, lr_rule: LrScaling | None, batch_rule: BatchScaling
 
 
 def expand(spec: SweepSpec) -> list[TrialConfig]:
-    """Every grid point in a stable order (model, optimizer, norm, rotation, seed). Two axis
-    entries that describe the same trial are an error, not a silent merge.
+    """Every grid point in a stable order (model, optimizer, norm, attention, rotation, seed). Two
+    axis entries that describe the same trial are an error, not a silent merge.
 
     Each combination of the axes is validated once and copied per seed (seeds are distinct
     integers, checked with the grid), so a 10,000-trial plan validates its few hundred
@@ -72,8 +78,9 @@ def expand(spec: SweepSpec) -> list[TrialConfig]:
     g = spec.grid
     trials: list[TrialConfig] = []
     seen: dict[str, int] = {}
-    for i, (model, optimizer, norm, rotation) in enumerate(itertools.product(g.model, g.optimizer, g.norm, g.rotation)):
-        first = trial_config(spec, model, optimizer, norm, rotation, g.seed[0])
+    axes = itertools.product(g.model, g.optimizer, g.norm, attention_axis(spec), g.rotation)
+    for i, (model, optimizer, norm, attention, rotation) in enumerate(axes):
+        first = trial_config(spec, model, optimizer, norm, rotation, g.seed[0], attention)
         if first.config_id in seen:  # same config, so the same trial at every seed
             raise SpecError(f"grid: points {seen[first.config_id] * len(g.seed)} and {i * len(g.seed)} are the same "
                             f"trial ({first.trial_id}); remove the duplicate axis entry")

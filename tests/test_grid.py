@@ -154,3 +154,64 @@ def test_batch_scaling_stops_at_its_cap():
     n0 = _with()[0].params_non_embedding
     sized = _with(batch_scaling={"reference_params": n0, "exponent": 1, "max_batch_size": 24})
     assert [t.train.batch_size for t in sized] == [8, 8, 8, 24, 24, 24]  # 8 at N0; 8 x ~13 = 104 capped
+
+
+# ---- the attention axis (issue 36): expanded, and bad input located and refused with exit 2 ------
+
+
+def _grid_declares_attention() -> bool:
+    from sweep.spec_schema import Grid
+
+    return "attention" in Grid.model_fields
+
+
+needs_axis = pytest.mark.skipif(not _grid_declares_attention(), reason=(
+    "sweep/spec_schema.Grid does not declare `attention` yet (issue 36: a two-file patch to spec_schema.py and "
+    "spec_checks.py, owned by the reliability work; sweep.grid already reads the axis)"))
+
+
+ATTENTION_SPEC = """name: attn
+data: {corpus: stdlib, seq_len: 32}
+train: {steps: 4, batch_size: 4, eval_every: 2, eval_batch: {sequences: 2}}
+grid:
+  model: [{d_model: 32, n_layers: 2, n_heads: 2}]
+  optimizer: [{name: adam, lr: 1.0e-3}]
+  attention: ATTENTION
+"""
+
+
+@needs_axis
+def test_a_spec_expands_the_attention_axis(tmp_path):
+    from sweep.spec import load_spec
+
+    path = tmp_path / "a.yaml"
+    path.write_text(ATTENTION_SPEC.replace("ATTENTION", "[softmax, gated, {name: clipped, gamma: -0.1}]"))
+    trials = expand(load_spec(path))
+    assert [t.attention.label for t in trials] == ["softmax", "gated", "clipped(zeta=1,gamma=-0.1)"]
+    plain = tmp_path / "b.yaml"
+    plain.write_text(ATTENTION_SPEC.replace("  attention: ATTENTION\n", ""))
+    assert expand(load_spec(plain))[0].trial_id == trials[0].trial_id  # no axis: softmax, the same trial
+
+
+@needs_axis
+@pytest.mark.parametrize("value, message", [
+    ("[softmax, softmax2]", "grid.attention[1].name: Input should be 'softmax', 'softmax1', 'gated', 'clipped' or "
+                            "'kv_bias', got 'softmax2' (line 7)"),
+    ("[softmax, {name: clipped, gamma: 0.1}]", "grid.attention[1].gamma: Input should be less than or equal to 0, "
+                                               "got 0.1 (line 7)"),
+    ("[{name: gated, zeta: 1.1}]", "grid.attention[0].zeta: zeta applies to attention clipped only, not gated, "
+                                   "got 1.1 (line 7)"),
+    ("[gated, {name: gated}]", "grid.attention[1]: the same grid point as grid.attention[0] (line 7)"),
+    ("[]", "grid.attention: List should have at least 1 item"),
+])
+def test_bad_attention_entries_exit_2_naming_their_place(tmp_path, value, message):
+    from typer.testing import CliRunner
+
+    from sweep.cli import app
+
+    path = tmp_path / "bad.yaml"
+    path.write_text(ATTENTION_SPEC.replace("ATTENTION", value))
+    result = CliRunner().invoke(app, ["plan", str(path), "--results", str(tmp_path / "r")])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split()), result.output
+    assert "Traceback" not in result.output
