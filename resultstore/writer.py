@@ -81,9 +81,21 @@ class ResultsStore:
         tmp = f"{parent}/.tmp-{uuid.uuid4().hex}.parquet"
         buf = io.BytesIO()
         pq.write_table(table, buf)
-        with self.fs.open_output_stream(tmp) as out:
-            out.write(buf.getvalue())
-        self.fs.move(tmp, final)
+        self._put(tmp, final, buf.getvalue())
+
+    def _put(self, tmp: str, final: str, data: bytes) -> None:
+        """Write `data` to `tmp`, then move it to `final`; a failed write (a full disk) leaves no
+        temporary file behind to hold the space."""
+        try:
+            with self.fs.open_output_stream(tmp) as out:
+                out.write(data)
+            self.fs.move(tmp, final)
+        except BaseException:
+            try:
+                self.fs.delete_file(tmp)
+            except OSError:
+                pass
+            raise
 
     def _list(self, table: str) -> list[str]:
         return table_files(self.fs, f"{self.path}/{table}")
@@ -157,10 +169,7 @@ class ResultsStore:
         final = f"{self.path}/{rel}"
         parent = final.rsplit("/", 1)[0]
         self.fs.create_dir(parent, recursive=True)
-        tmp = f"{parent}/.tmp-{uuid.uuid4().hex}"
-        with self.fs.open_output_stream(tmp) as out:
-            out.write(data)
-        self.fs.move(tmp, final)
+        self._put(f"{parent}/.tmp-{uuid.uuid4().hex}", final, data)
 
     def discard(self, trial_id: str, after_step: int | None) -> None:
         """Delete a trial's parts with rows after `after_step` (all of them when None), its checks

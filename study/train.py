@@ -195,8 +195,11 @@ def save_checkpoint(directory: Path, state: dict[str, Any]) -> None:
     """Atomic: write a temp file, then rename over the previous checkpoint."""
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / (CHECKPOINT_FILE + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, directory / CHECKPOINT_FILE)
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, directory / CHECKPOINT_FILE)
+    finally:  # a full disk: no half-written temporary file keeps the space
+        tmp.unlink(missing_ok=True)
 
 
 class UnreadableCheckpoint(ValueError):

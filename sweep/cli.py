@@ -321,8 +321,8 @@ def status(
 
     from resultstore.lock import SweepLock
     from resultstore.writer import ResultsStore
-    from sweep.launch import ladder_divergences
-    from sweep.store_health import check
+    from sweep.launch import ladder_divergences, store_full
+    from sweep.store_health import check, tune_errors
 
     folder = sweep_folder(results)
     store = ResultsStore.at(folder)
@@ -356,9 +356,13 @@ def status(
         status = "[yellow]diverged (ladder)[/]" if row["trial_id"] in ladder else f"[red]{row['status']}[/]"
         out.print(f"{status} {row['trial_id']}" + (f" ({q(label)})" if label else "") + f": {q(line[0])}",
                   highlight=False)
-    for trial_id in st.unfinished:
-        out.print(f"[yellow]started, no result[/] {trial_id}: running, or interrupted (`sweep run` re-runs it)",
-                  highlight=False)
+    errors = tune_errors(store, st.unfinished) if st.unfinished else {}
+    full = store_full(store) if st.unfinished else None
+    if full:  # the likeliest reason a started trial left no runs row, not even a failed one
+        err.print(f"[bold red]error:[/] {q(full)}", highlight=False, soft_wrap=True)
+    for trial_id in st.unfinished:  # an error Tune recorded says why it has no runs row (a full disk)
+        why = f"failed: {q(errors[trial_id])}" if trial_id in errors else "running, or interrupted"
+        out.print(f"[yellow]started, no result[/] {trial_id}: {why} (`sweep run` re-runs it)", highlight=False)
     for gap in gaps:
         out.print(f"[red]incomplete rows[/] {q(gap)}", highlight=False)
     if verify and not gaps and not st.damaged:

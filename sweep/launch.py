@@ -350,15 +350,56 @@ def _run_locked(spec, trials, store, address, max_concurrent, num_cpus, on_start
             verbose=0,
         ),
     )
-    grid = tuner.fit()
+    grid, problem = _fit(tuner)
+    fresh = [n for n in (problem, store_full(store)) if n]
+    for note in fresh:
+        print(f"warning: {note}", file=sys.stderr)
+    notes = list(notes) + fresh
     statuses = store.statuses()
-    notes = list(notes) + record_errors(store, {t.trial_id: t for t in todo}, grid, statuses)
+    notes += record_errors(store, {t.trial_id: t for t in todo}, grid, statuses) if grid is not None else []
     runs = store.read("runs", ["trial_id", "status", "config_json"])
     statuses = dict(zip(runs["trial_id"].to_list(), runs["status"].to_list()))
     launched = {t.trial_id: statuses.get(t.trial_id, "missing") for t in todo}
     ladder = frozenset(ladder_divergences(runs) & set(launched))
     return SweepOutcome(len(trials), len(trials) - len(todo), len(todo), launched, time.perf_counter() - t0,
                         tuple(notes), ladder)
+
+
+def _fit(tuner):
+    """(Tune's result grid, None), or (None, why) when Tune itself failed after the trials ran
+    (e.g. reading back a truncated error.pkl on a full disk: an EOFError or UnpicklingError
+    that names nothing). Tune's own tracebacks are kept off the console meanwhile: each trial's
+    error is in its runs row and in `sweep status`."""
+    import logging
+
+    quiet = [logging.getLogger(name) for name in ("ray.tune", "ray.train")]
+    levels = [log.level for log in quiet]
+    for log in quiet:
+        log.setLevel(logging.CRITICAL)
+    try:
+        return tuner.fit(), None
+    except Exception as exc:  # noqa: BLE001 (KeyboardInterrupt still ends the run)
+        reason = (str(exc).strip().splitlines() or [""])[0][:200]
+        return None, f"Ray Tune could not read back its trial records ({type(exc).__name__}: {reason or 'no message'})"
+    finally:
+        for log, level in zip(quiet, levels):
+            log.setLevel(level)
+
+
+def store_full(store: ResultsStore, below: int = 1 << 20) -> str | None:
+    """'the disk is full' (with the space left) when a local store has under `below` bytes free."""
+    if not store.local:
+        return None
+    import shutil
+
+    try:
+        free = shutil.disk_usage(store.path).free
+    except OSError:
+        return None
+    if free >= below:
+        return None
+    return (f"the results store's disk is full ({free:,} bytes free at {store.path}): trials could not write their "
+            "rows (No space left on device); free space and run again: finished trials are kept")
 
 
 def warning_relay():

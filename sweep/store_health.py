@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["REPAIR", "Health", "check"]
+__all__ = ["REPAIR", "Health", "check", "tune_errors"]
 
 REPAIR = "`sweep run` moves damaged files and incomplete trials to quarantine/ and re-runs them"
 
@@ -69,3 +69,30 @@ def check(store, *, rows: bool = True) -> Health:
         trials.update({t: "incomplete" for t in gaps})
         problems += [f"trial {t}: incomplete ({'; '.join(why)})" for t, why in gaps.items()]
     return Health(st, trials, problems, gaps)
+
+
+def tune_errors(store, trial_ids) -> dict[str, str]:
+    """trial_id -> the error line of its newest Ray Tune error.txt under ray/, for trials that
+    started and left no runs row (a full disk: the failed row could not be written either)."""
+    import re
+
+    import pyarrow.fs as pafs
+
+    found: dict[str, str] = {}
+    runs = sorted((i.path for i in store.fs.get_file_info(pafs.FileSelector(f"{store.path}/ray", allow_not_found=True))
+                   if i.type == pafs.FileType.Directory), reverse=True)  # run-YYYYmmdd-HHMMSS: newest first
+    for trial_id in trial_ids:
+        for run in runs:
+            try:
+                with store.fs.open_input_file(f"{run}/{trial_id}/error.txt") as f:
+                    size = f.size()
+                    f.seek(max(0, size - 8192))
+                    text = f.read().decode("utf-8", "replace")
+            except OSError:
+                continue
+            lines = [l.strip() for l in text.splitlines() if l.strip()]
+            errors = [l for l in lines if re.match(r"^[\w.]+(Error|Exception)\b", l)]
+            if errors or lines:
+                found[trial_id] = (errors or lines)[-1][:300]
+                break
+    return found
