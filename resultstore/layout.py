@@ -26,7 +26,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from resultstore import uri
 from resultstore.schema import TABLES
 from resultstore.uri import StorageError, first_line
 

@@ -16,6 +16,7 @@ Each `version` is an opaque token: (inode, mtime, size) locally, the ETag on S3.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
 import uuid
@@ -44,11 +45,7 @@ def lock_object(store: Any, path: str):
     """The lock object at `path` (within store.fs) for the store's kind of storage."""
     if store.local:
         return LocalLock(path)
-    if uri.scheme(store.uri) == "s3":
-        try:
-            import botocore  # noqa: F401
-        except ImportError:
-            return ReadBackLock(store.fs, path)
+    if uri.scheme(store.uri) == "s3" and importlib.util.find_spec("botocore") is not None:
         return ConditionalLock(path)
     return ReadBackLock(store.fs, path)
 

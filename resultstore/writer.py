@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import time
 import uuid
 from collections.abc import Callable

@@ -5,16 +5,16 @@ diverged inside an lr ladder; 1 a trial failed, diverged outside a ladder or did
 
 from __future__ import annotations
 
-import re
-import sys
 import time
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from sweep.cli_store import SweepArg, open_store, refuse_damaged, sweep_folder
+from sweep.console import bad_input, duration, err, human, out, q, reason, refuse
 
 __all__ = ["app"]  # the typer app (the `sweep` console script); the rest serves its commands
 
@@ -23,34 +23,11 @@ EXIT_CODES = ("Exit codes: 0 every trial done, or diverged inside an lr ladder (
               "diverged outside a ladder or did not finish; 2 bad input.")
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Scaling-study sweeps: why residual streams grow basis-aligned outliers.\n\n" + EXIT_CODES)
-# emoji off: a message quotes what the user wrote (`bpe:abc`, `my:fire:spec.yaml`) exactly as written;
-# markup in quoted text is escaped (q) where a message has markup of its own
-out = Console(width=None if sys.stdout.isatty() else 160, emoji=False)  # piped output keeps whole tables
-err = Console(stderr=True, emoji=False)
-q = escape
-
 SpecArg = Annotated[Path, typer.Argument(help="Sweep spec YAML (see specs/).", show_default=False)]
 ResultsOpt = Annotated[str, typer.Option("--results", "-r", help="Results root, a folder or s3:// / gs:// URI; "
                                          "the sweep writes <results>/<spec name>/. A custom S3 endpoint comes "
                                          "from AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3).")]
-SweepArg = Annotated[str, typer.Argument(help="A sweep's results folder or URI (results/<name>, s3://bucket/study/<name>).",
-                                         show_default=False)]
 
-
-def bad_input(message: str) -> typer.Exit:
-    # escape: a message quotes what the user wrote ("[data]", "lr: [0.1, 0.3]"), never markup
-    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
-    return typer.Exit(2)
-
-
-def reason(exc: BaseException) -> str:
-    """An error's first line, whole; when it ends in ':' (polars: "statement type is not
-    supported:") the start of the next line says what."""
-    lines = [l.strip() for l in str(exc).strip().splitlines() if l.strip()] or [type(exc).__name__]
-    if lines[0].endswith(":") and len(lines) > 1:
-        detail = re.split(r"[\s({]", lines[1], maxsplit=1)[0]
-        return f"{lines[0]} {detail}"
-    return lines[0]
 
 
 def load(spec_path: Path, *, unprepared_ok: bool = False):
@@ -63,73 +40,6 @@ def load(spec_path: Path, *, unprepared_ok: bool = False):
         return spec, expand(spec)
     except SpecError as exc:
         raise bad_input(str(exc)) from None
-
-
-def human(n: float, unit: str = "") -> str:
-    for suffix, scale in (("Z", 1e21), ("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.3g}{suffix}{unit}"
-    return f"{n:.3g}{unit}"
-
-
-def duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f}s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f}min"
-    if seconds < 3 * 86400:
-        return f"{seconds / 3600:.1f}h"
-    return f"{seconds / 86400:,.0f}d"
-
-
-def sweep_folder(results: str) -> str:
-    """A sweep folder or URI, or a results root holding exactly one sweep -> the sweep's path/URI."""
-    from resultstore.layout import NoSweepError
-    from resultstore.reader import find_sweep
-
-    try:
-        return find_sweep(results)
-    except (NoSweepError, OSError) as exc:  # StorageError is a ValueError like NoSweepError
-        raise bad_input(str(exc).splitlines()[0]) from None
-
-
-def open_store(results: str, sweep: str):
-    """The ResultsStore at results/sweep, or exit 2 when `results` names nothing, cannot be
-    reached or written, or resolves to inside another sweep's tables (their readers would take
-    its files for rows of theirs)."""
-    from resultstore.paths import output_problem, writes_into_a_sweep
-    from resultstore.uri import StorageError
-    from resultstore.writer import ResultsStore
-
-    refuse(output_problem("--results", results) if not str(results).strip() else None)
-    try:
-        store = ResultsStore(results, sweep)  # the one place `--results` becomes a store
-    except StorageError as exc:
-        raise bad_input(str(exc)) from None
-    why = writes_into_a_sweep(store.uri)
-    if why is not None:
-        raise bad_input(f"--results {results}: the sweep's folder {sweep}/ there would be {why.removeprefix('it is ')}")
-    try:
-        store.check_writable()
-        return store
-    except StorageError as exc:
-        raise bad_input(str(exc)) from None
-
-
-def refuse(problem: str | None) -> None:
-    """Exit 2 with `problem` when there is one."""
-    if problem is not None:
-        raise bad_input(problem)
-
-
-def refuse_damaged(folder: str, verb: str, *, rows: bool = True) -> None:
-    """Exit 2 naming every problem of the store's health check (damaged files; with `rows`,
-    incomplete trials too): `verb` would read damaged or incomplete data as whole."""
-    from resultstore.writer import ResultsStore
-    from sweep.store_health import check
-
-    store = ResultsStore.at(folder)
-    refuse(check(store, rows=rows).refusal(verb, store.uri))
 
 
 # ---- plan ------------------------------------------------------------------------------------
@@ -369,8 +279,8 @@ def status(
         out.print(f"verified: every file readable, rows of {runs.filter(runs['status'] == 'done').height} done "
                   "trials cover their steps", highlight=False)
     if st.damaged:
-        for table_name, name, reason in st.damaged:
-            err.print(f"[bold red]error:[/] {q(store.uri)}/{q(table_name)}/{q(name)}: damaged Parquet file ({q(reason)})",
+        for table_name, name, why in st.damaged:
+            err.print(f"[bold red]error:[/] {q(store.uri)}/{q(table_name)}/{q(name)}: damaged Parquet file ({q(why)})",
                       highlight=False, soft_wrap=True)
         err.print("`sweep run` moves damaged files to quarantine/ and re-runs their trials", highlight=False)
         raise typer.Exit(2)
@@ -525,146 +435,10 @@ def query(
         out.print(frame, highlight=False)
 
 
-# ---- data ------------------------------------------------------------------------------------
-
-data_app = typer.Typer(no_args_is_help=True, help="Corpora: tokenise a source into shards that `data: {tokens: DIR}` reads.")
-
-
-@data_app.command("prepare")
-def data_prepare(
-    source: Annotated[str, typer.Argument(help="Text file or folder, .jsonl/.parquet file, a `datasets` save_to_disk "
-                                               "folder, or a Hugging Face dataset hf:NAME[:CONFIG] (streamed).",
-                                          show_default=False)],
-    out_dir: Annotated[str, typer.Option("--out", "-o", help="Folder to write (shards, manifest.json).", show_default=False)],
-    tokenizer: Annotated[str, typer.Option(help="bytes, bpe:N (train a byte-level BPE of N ids), or a tokenizer.json path.")] = "bytes",
-    tokens: Annotated[Optional[int], typer.Option(help="Stop after this many tokens (train + val).")] = None,
-    val_fraction: Annotated[float, typer.Option(help="Share of documents held out (by a hash of each document).")] = 0.005,
-    text_column: Annotated[str, typer.Option(help="Text column of jsonl/parquet/datasets sources.")] = "text",
-    split: Annotated[str, typer.Option(help="Split of a Hugging Face / saved dataset.")] = "train",
-    workers: Annotated[int, typer.Option(help="Tokenising processes (0: auto, see study.corpus.prepare.auto_workers).")] = 0,
-    bpe_train_chars: Annotated[int, typer.Option(help="bpe:N trains on the source's first this many characters.")] = 1 << 30,
-    force: Annotated[bool, typer.Option("--force", help="Replace an existing prepared corpus at --out.")] = False,
-) -> None:
-    """Tokenise SOURCE into uint16/uint32 shards, a held-out split and manifest.json (atomically)."""
-    import os
-
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from resultstore.paths import output_problem
-    from study.corpus.prepare import PrepareError, auto_workers, prepare, source_bytes
-
-    refuse(output_problem("--out", out_dir, whole_folder=True))
-    out_path = Path(out_dir)
-    total = tokens or None
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TextColumn("{task.fields[tok]}"),
-                        TimeElapsedColumn(), console=err, transient=True)  # the summary line replaces it
-    t0 = time.perf_counter()
-    with progress:
-        task = progress.add_task("read", total=total or source_bytes(source), tok="")
-
-        def show(read: int, written: int) -> None:
-            rate = written / max(1e-9, time.perf_counter() - t0)
-            progress.update(task, completed=written if total else read,
-                            tok=f"{human(written)} tokens · {human(rate, ' tok/s')}")
-
-        try:
-            manifest = prepare(source, out_path, tokenizer=tokenizer, tokens=tokens, val_fraction=val_fraction,
-                               text_column=text_column, split=split,
-                               workers=workers or auto_workers(tokenizer, os.cpu_count() or 1),
-                               bpe_train_bytes=bpe_train_chars,
-                               force=force, on_progress=show, on_event=lambda m: progress.console.print(m, markup=False, highlight=False))
-        except PrepareError as exc:
-            raise bad_input(str(exc)) from None
-    s = manifest["splits"]
-    out.print(f"{out_path}: vocab {manifest['vocab_size']} ({manifest['dtype']}), train {s['train']['tokens']:,} "
-              f"/ val {s['val']['tokens']:,} tokens from {human(manifest['source_bytes'], 'B')} in "
-              f"{duration(time.perf_counter() - t0)}; fingerprint {manifest['fingerprint']}\n"
-              f"  use it with  data: {{tokens: {out_path}}}", highlight=False, markup=False)
-
+from sweep.cli_data import data_app  # noqa: E402  (commands of their own modules, on this app)
+from sweep.cli_probe import probe_app  # noqa: E402
 
 app.add_typer(data_app, name="data")
-
-
-# ---- probe -----------------------------------------------------------------------------------
-
-probe_app = typer.Typer(no_args_is_help=True, help="Probes over finished trials' final weights.")
-
-
-@probe_app.command("sae")
-def probe_sae(
-    results: SweepArg,
-    where: Annotated[Optional[str], typer.Option(help="SQL condition on the runs table, e.g. \"optimizer = 'adam'\".")] = None,
-    layers: Annotated[Optional[str], typer.Option(help="Comma-separated residual layers (0 = embeddings); "
-                                                  "default: each trial's middle and last.")] = None,
-    tokens: Annotated[int, typer.Option(help="Held-out tokens per trial (3/4 train the SAEs, 1/4 measure them).")] = 16384,
-    k: Annotated[int, typer.Option(help="Active latents per token (TopK).")] = 8,
-    expansion: Annotated[int, typer.Option(help="Latents per residual dimension.")] = 8,
-    steps: Annotated[int, typer.Option(help="SAE optimiser steps.")] = 2000,
-    sae_optimizers: Annotated[str, typer.Option("--sae-optimizers", help="adam (per-coordinate), sgd (equivariant control).")] = "adam,sgd",
-    address: Annotated[Optional[str], typer.Option(help="Ray cluster address (default: RAY_ADDRESS, else a local Ray).")] = None,
-    cpus: Annotated[float, typer.Option(help="CPUs per task.")] = 1.0,
-    gpus: Annotated[float, typer.Option(help="GPUs per task.")] = 0.0,
-) -> None:
-    """Train TopK SAEs on done trials' residual streams, in the stored and a random basis, by Adam
-    and by SGD; rows go to the sweep's `sae` table. Finished units are skipped."""
-    from pydantic import ValidationError
-
-    from resultstore.uri import StorageError
-    from study.sae import SAEConfig
-    from sweep.launch import address_problem
-    from sweep.probe import ProbeInputError, plan_probe
-    from sweep.store_health import check as check_store
-
-    folder = sweep_folder(results)
-    try:
-        layer_list = [int(v) for v in layers.split(",")] if layers else None
-    except ValueError:
-        raise bad_input(f"--layers: {layers!r} is not a comma-separated list of integers") from None
-    try:
-        sae_json = SAEConfig(k=k, expansion=expansion, steps=steps).model_dump_json()
-    except ValidationError as exc:
-        e = exc.errors()[0]
-        raise bad_input(f"--{'.'.join(map(str, e['loc']))}: {e['msg']}") from None
-    if cpus <= 0 or gpus < 0:
-        raise bad_input("--cpus must be > 0 and --gpus >= 0")
-    refuse(address_problem(address))
-    store = open_store(*folder.rstrip("/").rsplit("/", 1))
-    refuse(check_store(store).refusal("probe sae", store.uri))  # SAEs on a damaged trial would be wrong
-    try:
-        with store.writing("sweep probe sae", repair=False):  # one writer of the sweep's rows at a time
-            plan = plan_probe(store, where=where, layers=layer_list, tokens=tokens,
-                              sae_optimizers=tuple(o.strip() for o in sae_optimizers.split(",")), sae_json=sae_json)
-            run_planned_probe(plan, folder, address, cpus, gpus)
-    except (ProbeInputError, StorageError) as exc:
-        raise bad_input(str(exc)) from None
-
-
-def run_planned_probe(plan, folder: str, address: str | None, cpus: float, gpus: float) -> None:
-    """Run a probe plan with a progress bar; exit 1 when a task failed or Ray did not start."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    from sweep.probe import RayUnavailable, run_probe
-
-    units = sum(len(t.sae_optimizers) for t in plan.tasks)
-    out.print(f"{plan.trials} trials: {units} (trial, layer, SAE optimiser) to train, {plan.done} already done",
-              highlight=False)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=err, transient=False) as bar:
-        tick = bar.add_task("SAE probe tasks", total=len(plan.tasks) or 1, completed=0 if plan.tasks else 1)
-
-        def on_task(done: int, total: int, error: str | None) -> None:
-            bar.update(tick, completed=done)
-            if error:
-                bar.console.print(f"[red]failed[/] {escape(error)}", highlight=False)
-
-        try:
-            outcome = run_probe(plan, address=address, cpus=cpus, gpus=gpus, on_task=on_task)
-        except RayUnavailable as exc:
-            err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-            raise typer.Exit(1) from None
-    out.print(f"{outcome.written} rows written to {folder}/sae/ in {duration(outcome.wall_s)}", highlight=False)
-    if outcome.failed:
-        raise typer.Exit(1)
 
 
 app.add_typer(probe_app, name="probe")

@@ -1,0 +1,59 @@
+"""Where a verb reads or writes: `--results` and a sweep folder argument resolved into a
+ResultsStore once, at the CLI, or exit 2 naming why not (nothing written, nothing started)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from sweep.console import bad_input, refuse
+
+__all__ = ["SweepArg", "open_store", "refuse_damaged", "sweep_folder"]
+
+SweepArg = Annotated[str, typer.Argument(help="A sweep's results folder or URI (results/<name>, s3://bucket/study/<name>).",
+                                         show_default=False)]
+
+
+def sweep_folder(results: str) -> str:
+    """A sweep folder or URI, or a results root holding exactly one sweep -> the sweep's path/URI."""
+    from resultstore.layout import NoSweepError
+    from resultstore.reader import find_sweep
+
+    try:
+        return find_sweep(results)
+    except (NoSweepError, OSError) as exc:  # StorageError is a ValueError like NoSweepError
+        raise bad_input(str(exc).splitlines()[0]) from None
+
+
+def open_store(results: str, sweep: str):
+    """The ResultsStore at results/sweep, or exit 2 when `results` names nothing, cannot be
+    reached or written, or resolves to inside another sweep's tables (their readers would take
+    its files for rows of theirs)."""
+    from resultstore.paths import output_problem, writes_into_a_sweep
+    from resultstore.uri import StorageError
+    from resultstore.writer import ResultsStore
+
+    refuse(output_problem("--results", results) if not str(results).strip() else None)
+    try:
+        store = ResultsStore(results, sweep)  # the one place `--results` becomes a store
+    except StorageError as exc:
+        raise bad_input(str(exc)) from None
+    why = writes_into_a_sweep(store.uri)
+    if why is not None:
+        raise bad_input(f"--results {results}: the sweep's folder {sweep}/ there would be {why.removeprefix('it is ')}")
+    try:
+        store.check_writable()
+        return store
+    except StorageError as exc:
+        raise bad_input(str(exc)) from None
+
+
+def refuse_damaged(folder: str, verb: str, *, rows: bool = True) -> None:
+    """Exit 2 naming every problem of the store's health check (damaged files; with `rows`,
+    incomplete trials too): `verb` would read damaged or incomplete data as whole."""
+    from resultstore.writer import ResultsStore
+    from sweep.store_health import check
+
+    store = ResultsStore.at(folder)
+    refuse(check(store, rows=rows).refusal(verb, store.uri))

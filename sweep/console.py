@@ -1,0 +1,57 @@
+"""The console every `sweep` verb prints to, and its one way to refuse bad input: a message,
+exit code 2, no traceback (sweep.cli and its command modules share it)."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+__all__ = ["bad_input", "duration", "err", "human", "out", "q", "reason", "refuse"]
+
+# emoji off: a message quotes what the user wrote (`bpe:abc`, `my:fire:spec.yaml`) exactly as written;
+# markup in quoted text is escaped (q) where a message has markup of its own
+out = Console(width=None if sys.stdout.isatty() else 160, emoji=False)  # piped output keeps whole tables
+err = Console(stderr=True, emoji=False)
+q = escape
+
+def bad_input(message: str) -> typer.Exit:
+    # escape: a message quotes what the user wrote ("[data]", "lr: [0.1, 0.3]"), never markup
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    return typer.Exit(2)
+
+
+def reason(exc: BaseException) -> str:
+    """An error's first line, whole; when it ends in ':' (polars: "statement type is not
+    supported:") the start of the next line says what."""
+    lines = [l.strip() for l in str(exc).strip().splitlines() if l.strip()] or [type(exc).__name__]
+    if lines[0].endswith(":") and len(lines) > 1:
+        detail = re.split(r"[\s({]", lines[1], maxsplit=1)[0]
+        return f"{lines[0]} {detail}"
+    return lines[0]
+
+
+def human(n: float, unit: str = "") -> str:
+    for suffix, scale in (("Z", 1e21), ("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{suffix}{unit}"
+    return f"{n:.3g}{unit}"
+
+
+def duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f}min"
+    if seconds < 3 * 86400:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:,.0f}d"
+
+
+def refuse(problem: str | None) -> None:
+    """Exit 2 with `problem` when there is one."""
+    if problem is not None:
+        raise bad_input(problem)
