@@ -16,6 +16,8 @@ SITE_NAMES = {
     ("mlp_in", "computation"): "MLP input",
     ("mlp_act", "neuron"): "MLP neurons",
     ("model", "computation"): "model",
+    ("attn", "heads"): "attention pattern",
+    ("attn", "uniform"): "uniform causal attention",
 }
 """A site (and basis) in words, e.g. in ``kurtosis − control, residual stream``."""
 
@@ -31,7 +33,7 @@ BASIS_SERIES = {
 
 LABEL_AXES = (
     "d_model", "n_layers", "n_heads", "d_mlp", "optimizer", "lr", "momentum", "nesterov", "weight_decay",
-    "eps", "beta1", "beta2", "rotate", "precondition_frequency", "norm", "rotation_label", "batch_size",
+    "eps", "beta1", "beta2", "rotate", "precondition_frequency", "norm", "attention", "rotation_label", "batch_size",
     "seq_len", "seed",
 )  # fmt: skip
 """The flat runs columns (``TrialConfig.flat()``) a trial label may name, in label order. Columns
@@ -42,7 +44,7 @@ _WITHIN = {"optimizer": (), "d_mlp": ("optimizer", "d_model"), "n_heads": ("opti
 """An axis varies when it takes several values among trials equal in these columns (default: the
 optimiser); d_mlp and n_heads that change only with d_model (d_mlp = 4 d_model by default) add
 nothing to its label."""
-_BARE = ("optimizer", "norm", "rotation_label")  # values that name themselves: "sgd", not "optimizer sgd"
+_BARE = ("optimizer", "norm", "attention", "rotation_label")  # values that name themselves: "sgd", not "optimizer sgd"
 _OPTION = re.compile(r"^(adam|sgd|rotated_adam|soap|muon|adafactor|lion|signsgd)_")
 
 

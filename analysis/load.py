@@ -57,11 +57,17 @@ CONFIG_ID = "config_id"
 SIZE_COLUMNS = ("d_model", "n_layers", "n_heads", "d_mlp", "params", "params_non_embedding")
 LABEL_COLUMNS = (
     "optimizer", "optimizer_family", "lr", "momentum", "nesterov", "weight_decay", "eps",
-    "beta1", "beta2", "rotate", "norm", "rotation", "group_size", "rotation_groups",
+    "beta1", "beta2", "rotate", "norm", "attention", "rotation", "group_size", "rotation_groups",
     "rotation_label", "precondition_frequency", "muon_ends",
 )  # fmt: skip
 """Run columns that are functions of ``config_id``: carried along aggregates as labels (the
 first value per config), never grouped by."""
+
+
+def attention_label() -> pl.Expr:
+    """The stored ``attention`` (``softmax``, ``gated``, ``clipped(zeta=1.03,gamma=-0.01)``, ...);
+    ``softmax`` for rows written before the attention axis existed, every one of which ran it."""
+    return pl.col("attention").fill_null("softmax").alias("attention")
 
 
 def rotation_label() -> pl.Expr:

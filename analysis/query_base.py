@@ -10,7 +10,7 @@ import polars as pl
 
 from analysis.power_law import t_critical
 from analysis.identity import ID_COLUMNS, with_ids
-from analysis.load import CONFIG_ID, LABEL_COLUMNS, SCHEMAS, SIZE_COLUMNS, TABLES, Results, rotation_label
+from analysis.load import CONFIG_ID, LABEL_COLUMNS, SCHEMAS, SIZE_COLUMNS, TABLES, Results, attention_label, rotation_label
 
 __all__ = [
     "CONTROL", "SORT", "LayerAgg", "Layers", "QueryError", "Source", "at_step", "carried", "config_keys",
@@ -50,7 +50,7 @@ def carried(columns: Sequence[str] | pl.Schema, keys: Sequence[str] = ()) -> lis
     return [c for c in dict.fromkeys(every) if c in names and c not in keys]
 
 
-SORT = ("optimizer", "norm", "rotation_label", "params_non_embedding", "lr")
+SORT = ("optimizer", "norm", "attention", "rotation_label", "params_non_embedding", "lr")
 
 
 def summarise(
@@ -150,8 +150,8 @@ def join_runs(frame: pl.LazyFrame, runs: pl.LazyFrame | None) -> pl.LazyFrame:
 
 
 def prepare_runs(runs: pl.LazyFrame | pl.DataFrame) -> pl.LazyFrame:
-    """Runs with their ids (``analysis.identity.with_ids``) and the stored rotation label
-    (filled for rows written before it existed)."""
+    """Runs with their ids (``analysis.identity.with_ids``) and the stored rotation label and
+    attention (filled for rows written before they existed)."""
     runs = runs.lazy()
     names = runs.collect_schema().names()
     if "config_id" not in names and "config_json" not in names and "optimizer" not in names:
@@ -159,6 +159,8 @@ def prepare_runs(runs: pl.LazyFrame | pl.DataFrame) -> pl.LazyFrame:
     runs = with_ids(runs)
     if {"rotation", "group_size", "rotation_label"} <= set(names):
         runs = runs.with_columns(rotation_label())
+    if "attention" in names:
+        runs = runs.with_columns(attention_label())
     return runs
 
 

@@ -253,7 +253,8 @@ def onset(
 _LINE_LABELS = ("optimizer", "optimizer_family", "norm", "rotation_label")
 
 
-_HYPER = ("momentum", "nesterov", "weight_decay", "eps", "beta1", "beta2", "rotate", "precondition_frequency", "muon_ends")
+_HYPER = ("momentum", "nesterov", "weight_decay", "eps", "beta1", "beta2", "rotate", "precondition_frequency", "muon_ends",
+          "attention")
 
 
 def line_labels(frame: pl.DataFrame | pl.LazyFrame, key: str = "tuned_line_id") -> pl.DataFrame:

@@ -57,8 +57,8 @@ ARROW: dict[str, pa.Schema] = {
         ("momentum", _F), ("eps", _F), ("beta1", _F), ("beta2", _F), ("nesterov", _B), ("rotate", _S),
         ("precondition_frequency", _I),
         ("muon_ends", _S),
-        # norm and rotation plan
-        ("norm", _S), ("rotation", _S), ("group_size", _I), ("rotation_groups", _S),
+        # norm, attention (study.attention's label; null in stores before it: softmax) and rotation plan
+        ("norm", _S), ("attention", _S), ("rotation", _S), ("group_size", _I), ("rotation_groups", _S),
         ("rotation_label", _S),
         ("rotate_embeddings", _B),
         # data and schedule

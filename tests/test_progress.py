@@ -152,3 +152,15 @@ def test_status_exits_1_for_a_ladder_divergence_beside_a_trial_started_with_no_r
     (tmp_path / "r" / "ladder" / "trials" / "f00d").mkdir(parents=True)  # started, no runs row
     status = CliRunner().invoke(app, ["status", store.uri])
     assert status.exit_code == 1 and "started, no result" in status.output, status.output
+
+
+def test_the_attention_is_named_bare_where_it_varies_and_not_where_it_does_not():
+    from study.config import TrialConfig
+
+    def trial(attention: str, seed: int = 0) -> TrialConfig:
+        return TrialConfig(model={"d_model": 32, "n_layers": 2, "n_heads": 2}, optimizer={"name": "adam", "lr": 3e-3},
+                           attention=attention, train={"steps": 2}, seed=seed)
+
+    trials = [trial("softmax"), trial("gated"), trial({"name": "clipped", "gamma": -0.1})]
+    assert list(labels_for(trials).values()) == ["softmax", "gated", "clipped(zeta=1,gamma=-0.1)"]
+    assert list(labels_for([trial("gated", 0), trial("gated", 1)]).values()) == ["seed 0", "seed 1"]

@@ -98,7 +98,11 @@ def pick_size(df: pl.DataFrame, size: SizeChoice) -> tuple[pl.DataFrame, str | N
 def decorate(df: pl.DataFrame, facet: str | None) -> pl.DataFrame:
     """Add label columns: ``variant`` (the config axes that vary within an optimiser and
     are neither colour nor facet: norm, rotation, lr, any other hyper-parameter), ``facet``.
-    The rotation reads the stored ``rotation_label``."""
+    The rotation reads the stored ``rotation_label``, the attention ``softmax`` where null."""
+    if "attention" in df.columns:
+        from analysis.load import attention_label
+
+        df = df.with_columns(attention_label())
     if "rotation" in df.columns:
         from analysis.load import rotation_label
 
@@ -146,7 +150,7 @@ def facet_column(facet: str | None) -> str | None:
 
 
 VARIANT_AXES = (
-    "norm", "rotation_label", "lr", "momentum", "nesterov", "weight_decay", "eps", "beta1",
+    "norm", "attention", "rotation_label", "lr", "momentum", "nesterov", "weight_decay", "eps", "beta1",
     "beta2", "rotate", "precondition_frequency", "muon_ends",
 )  # fmt: skip
 
@@ -179,7 +183,7 @@ def variant_order(df: pl.DataFrame) -> list[str]:
 
 
 def variant_title(df: pl.DataFrame) -> str:
-    names = {"norm": "Norm", "rotation_label": "Rotation", "lr": "LR", "momentum": "Momentum",
+    names = {"norm": "Norm", "attention": "Attention", "rotation_label": "Rotation", "lr": "LR", "momentum": "Momentum",
              "nesterov": "Nesterov", "weight_decay": "Weight decay", "eps": "Adam ε",
              "beta1": "β1", "beta2": "β2", "rotate": "Rotate"}  # fmt: skip
     return " · ".join(names[c] for c in df.get_column("variant_axes").first().split(",") if c) or "Config"
