@@ -36,6 +36,15 @@ of the probe's basis test, in basis ``random`` at sites resid (layers 0..L), att
 normal (the stored basis' excess: resid's stored basis, the inputs' computation basis): 1/33
 where the excess is clear, uniform on {1..33}/33 where there is none (step 0, SGD).
 
+The attention axis (issue 36; ``attentions`` beyond softmax, ``sinks=True``; off by default, so
+older stores are unchanged): attention ``a`` multiplies every trial's planted excess by
+``SINK_SHARE[a]`` (1 for softmax: removing the sink removes part of the excess), and the sink rows
+at site ``attn``, basis ``heads``, blocks 1..L, are ``s = SINK_SHARE[a] * (0.2 + 0.6 w_l) * frac``:
+first_mass = u + (1 - u) s with u = H_64 / 64 (uniform causal attention at seq_len 64),
+delimiter_mass = 0.25 + 0.5 s, sink_heads = min(1, 2 s), null_mass = ``NULL_MASS[a]`` * frac; and at
+layer -1, basis ``uniform``: first_mass = u, delimiter_mass = 0.25. The sink follows the attention,
+not the optimiser; the excess follows both.
+
 ``lrs`` gives an optimiser an lr ladder: one trial per lr, the final val loss rising as
 ``lr_penalty * log(lr / best)**2`` away from the optimiser's best lr (``best_lrs``, at the
 smallest size; it moves as (P / P_min) ** lr_exponents[o] with size).
@@ -64,7 +73,8 @@ from analysis.schema import ARROW
 from study.optim import OPTIMIZER_FAMILY
 from resultstore.writer import ResultsStore
 
-__all__ = ["BASIS_TEST_METRICS", "CONTROL_SD", "FAMILIES", "SITE_METRICS", "SyntheticStore", "write_store"]
+__all__ = ["BASIS_TEST_METRICS", "CONTROL_SD", "FAMILIES", "NULL_MASS", "SINK_SHARE", "SITE_METRICS", "SyntheticStore",
+           "UNIFORM_FIRST", "write_store"]
 
 FAMILIES = OPTIMIZER_FAMILY
 """The family each synthetic optimiser's runs row carries: its rule on a hidden matrix, from the
@@ -92,6 +102,13 @@ CONTROL_SD = 0.05
 """The synthetic control's sd of kurtosis across its random bases (``kurtosis_sd``): the unit in
 which the rank tests see the planted excess."""
 _CONTROL_BASES = 32
+
+SINK_SHARE = {"softmax": 1.0, "softmax1": 0.4, "gated": 0.25, "clipped": 0.6, "kv_bias": 0.4}
+"""Per attention: the planted sink level, and the factor on the planted excess."""
+NULL_MASS = {"softmax1": 0.3, "kv_bias": 0.3, "clipped": 0.05}
+"""Per attention: the final null_mass (0 for the rest)."""
+UNIFORM_FIRST = sum(1 / i for i in range(1, 65)) / 64
+"""first_mass of uniform causal attention at seq_len 64: H_64 / 64."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +159,8 @@ def write_store(
     optimizers: Sequence[str] = ("adam", "sgd"),
     exponents: Mapping[str, float | None] | None = None,
     norms: Sequence[str] = ("layernorm",),
+    attentions: Sequence[str] = ("softmax",),
+    sinks: bool = False,
     rotations: Sequence[str | tuple[str, int]] = ("none",),
     seeds: Sequence[int] = (0, 1, 2),
     steps: Sequence[int] = (0, 50, 100),
@@ -173,7 +192,9 @@ def write_store(
     ``rotations`` entries are names, ``("partial", k)``, ``("partial", k, False)`` (embeddings
     not rotated: label ``partial(k)-noemb``) or ``("groups", [[0, 1], [2, 3]])``. ``sharing``:
     the computation-basis excess of ``partial(k)`` grows with k (x k / L; x 1.5 with the ends
-    unrotated), as the paper's question 5 would have it. ``basis_test``: the top-k shares and the
+    unrotated), as the paper's question 5 would have it. ``attentions`` (one trial per attention
+    too, after the norm) and ``sinks``: the attention axis and the sink rows (the module
+    docstring). ``basis_test``: the top-k shares and the
     control's basis-test rows (issue 32; False, the default, writes a store from before them, row for
     row what this function wrote before the option existed). ``n_layers`` is one depth or one per size. The first
     ``failed`` trials are marked failed (null results, an error, a few metric rows that
@@ -191,12 +212,14 @@ def write_store(
     p_min = min(_params(d, L, vocab, seq_len)[1] for d, L in zip(sizes, depths, strict=True))
     ladders = {o: list((lrs or {}).get(o) or [_DEFAULT_LR.get(o, 3e-3)]) for o in optimizers}
     best = {o: (best_lrs or {}).get(o, _DEFAULT_LR.get(o, 3e-3)) for o in optimizers}
-    for (d, L), opt, lr, norm, rot, s in (
-        (dl, o, lr, n, r, s)
+    attention_column = sinks or tuple(attentions) != ("softmax",)  # else a store from before the axis
+    for (d, L), opt, lr, norm, att, rot, s in (
+        (dl, o, lr, n, a, r, s)
         for dl in zip(sizes, depths, strict=True)
         for o in optimizers
         for lr in ladders[o]
         for n in norms
+        for a in attentions
         for r in rotations
         for s in seeds
     ):
@@ -213,6 +236,7 @@ def write_store(
         config = {
             "model": {"d_model": d, "n_layers": L, "n_heads": max(1, d // 16), "d_mlp": 4 * d},
             "norm": norm,
+            **({} if att == "softmax" else {"attention": {"name": att}}),
             "rotation": {"mode": rot_name, "group_size": gs, "groups": groups, **({} if emb else {"embeddings": False})},
             "optimizer": {"name": opt, "lr": lr},
             "data": {"corpus": "stdlib", "seq_len": seq_len},
@@ -236,6 +260,7 @@ def write_store(
                 "optimizer_family": FAMILIES.get(opt),
                 "lr": lr,
                 "norm": norm,
+                **({"attention": att} if attention_column else {}),
                 "rotation": rot_name,
                 "group_size": gs,
                 "rotation_groups": None if groups is None else json.dumps(groups, separators=(",", ":")),
@@ -260,6 +285,8 @@ def write_store(
                 "error": None,
                 "config_json": json.dumps(config),
                 "_excess_b": exps[opt],
+                "_sink": SINK_SHARE[att],
+                "_null_mass": NULL_MASS.get(att, 0.0),
                 "_lr_off": math.log(lr / (best[opt] * (non_emb / p_min) ** (lr_exponents or {}).get(opt, 0.0))) ** 2,
                 "_z": float(rng.standard_normal()),
             }
@@ -288,7 +315,7 @@ def write_store(
         _amp=pl.when(pl.col("_excess_b").is_null())
         .then(0.0)
         .otherwise(amplitude * p_rel.cast(pl.Float64) ** pl.col("_excess_b"))
-        * (noise * pl.col("_z")).exp(),
+        * (noise * pl.col("_z")).exp() * pl.col("_sink"),
     )
 
     # ---- metrics: trial x step x (site, basis, layer) x metric, vectorised
@@ -392,6 +419,8 @@ def write_store(
             * (0.1 * pl.col("z")).exp(),
         )
         m = pl.concat([m, q.cast(m.schema)])  # type: ignore[arg-type]
+    if sinks:
+        m = pl.concat([m, _sink_rows(runs, step_frame).cast(m.schema)])  # type: ignore[arg-type]
 
     # ---- curves and checks
     done = runs.filter(pl.col("status") != "failed")
@@ -473,6 +502,25 @@ def _write(store: ResultsStore, rel: str, frame: pl.DataFrame, table: str) -> No
     path = os.path.join(store.path, rel)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     pq.write_table(frame.to_arrow().select(ARROW[table].names).cast(ARROW[table]), path)
+
+
+def _sink_rows(runs: pl.DataFrame, step_frame: pl.DataFrame) -> pl.DataFrame:
+    """The attention-sink rows of every trial that ran (the module docstring's formulas): blocks
+    1..L at site attn / basis heads, and the uniform reference at layer -1 / basis uniform."""
+    trials = runs.filter(pl.col("status") != "failed").select("trial_id", "n_layers", "tokens", "_sink", "_null_mass")
+    blocks = trials.join(step_frame, how="cross").with_columns(
+        layer=pl.int_ranges(1, pl.col("n_layers") + 1)).explode("layer")
+    s = pl.col("_sink") * (0.2 + 0.6 * pl.col("layer") / pl.col("n_layers")) * pl.col("frac")
+    keys = dict(step="step", tokens=(pl.col("tokens") * pl.col("frac")).cast(pl.Int64), layer="layer",
+                site=pl.lit("attn"), basis=pl.lit("heads"))
+    heads = [blocks.select("trial_id", **keys, metric=pl.lit(name), value=value.cast(pl.Float64)) for name, value in (
+        ("first_mass", UNIFORM_FIRST + (1 - UNIFORM_FIRST) * s), ("delimiter_mass", 0.25 + 0.5 * s),
+        ("sink_heads", (2 * s).clip(upper_bound=1.0)), ("null_mass", pl.col("_null_mass") * pl.col("frac")))]
+    ends = trials.join(step_frame, how="cross")
+    uniform = [ends.select("trial_id", **{**keys, "layer": pl.lit(-1, pl.Int64), "basis": pl.lit("uniform")},
+                           metric=pl.lit(name), value=pl.lit(value, pl.Float64))
+               for name, value in (("first_mass", UNIFORM_FIRST), ("delimiter_mass", 0.25))]
+    return pl.concat(heads + uniform)
 
 
 def _basis_test_rows(kurt: pl.DataFrame, layer_noise: float, seed: int) -> pl.DataFrame:

@@ -12,7 +12,7 @@ from typing import Any
 import polars as pl
 
 from analysis import charts, counts, fits, queries, selection
-from analysis.report import dims, privilege, sae
+from analysis.report import dims, privilege, sae, sinks
 from analysis.labels import SITE_NAMES
 from analysis.load import Results
 from analysis.lr_fit import fit_lr_scaling, lr_fit_curves
@@ -111,7 +111,8 @@ def build(
     # ---- one pass over the metrics: keep (in memory) only the metrics the report uses, so
     # the dozen queries below do not each rescan every Parquet file
     say("scanning metrics")
-    needed = sorted({"kurtosis", "quant_loss_delta", *privilege.METRICS, *(s.metric for s in fit_specs if s.site is not None)})
+    needed = sorted({"kurtosis", "quant_loss_delta", *privilege.METRICS, *sinks.METRICS,
+                     *(s.metric for s in fit_specs if s.site is not None)})
     used = results.metrics.filter(pl.col("metric").is_in(needed)).collect() if c.n_done else None
     history = results  # every eval step: the over-training chart and the onsets
     if used is not None:
@@ -364,8 +365,9 @@ def build(
                 + "."
             )
 
-    if c.n_done:  # issue 32: the per-trial rank test (a table) and the top-1 share with its null
+    if c.n_done:  # issue 32: the per-trial rank test (a table) and the top-1 share with its null; issue 36: sinks
         c.privilege = privilege.add(main, done, built, c.notes, x=x, facet=facet, confidence=confidence)
+        sinks.add(main, done, built, c.notes, confidence=confidence)
     dims.add(results, done, built, c.notes)  # what the outlier dimensions are (issue 20)
 
     sae.add_sae_section(results, built, c.notes, say)  # issue 21's section: a chart, or one note
