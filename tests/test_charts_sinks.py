@@ -58,13 +58,15 @@ def test_one_attention_draws_no_dashes_and_an_empty_profile_is_refused() -> None
     assert not any("strokeDash" in lay.get("encoding", {}) for lay in _layers(spec))
     with pytest.raises(ValueError, match="no rows"):
         sinks_by_layer(one.head(0))
+    one_seed = one.with_columns(ci_low=pl.lit(None, pl.Float64), ci_high=pl.lit(None, pl.Float64), n=pl.lit(1))
+    assert "one seed (no interval)" in " ".join(sinks_by_layer(one_seed).to_dict(validate=False)["title"]["subtitle"])
 
 
 def test_the_outlier_measure_against_the_sink_marks_the_attention_by_shape() -> None:
     table = pl.DataFrame([
         {"config_id": f"{o}-{a}", "optimizer": o, "attention": a, "norm": "rmsnorm_scalar", "rotation": "none",
-         "rotation_label": "none", "lr": 3e-3, "d_model": 128, "n_layers": 4, "params_non_embedding": 786432,
-         "x": x, "x_low": x - 0.01, "x_high": x + 0.01, "x_n": 3, "mean": y, "ci_low": y - 0.1, "ci_high": y + 0.1, "n": 3}
+         "rotation_label": "none", "lr": 3e-3, "d_model": 128, "n_layers": 4,
+         "params_non_embedding": 786432 + (4 * 128 * 128 if a == "gated" else 0), "x": x, "x_low": x - 0.01, "x_high": x + 0.01, "x_n": 3, "mean": y, "ci_low": y - 0.1, "ci_high": y + 0.1, "n": 3}
         for o, a, x, y in (("adam", "softmax", 0.6, 1.9), ("adam", "gated", 0.2, 1.2), ("sgd", "softmax", 0.6, 1.0),
                            ("sgd", "gated", 0.2, 1.0))])
     chart = sinks_vs_outliers(table, uniform=0.074)
@@ -75,3 +77,4 @@ def test_the_outlier_measure_against_the_sink_marks_the_attention_by_shape() -> 
     rules = [lay for lay in layers if lay.get("mark", {}).get("type") == "rule" and "datum" in str(lay.get("encoding"))]
     assert any("0.074" in str(lay["encoding"]) for lay in rules)  # uniform attention, on x
     assert "Dashed vertical: uniform causal attention (0.074)" in " ".join(spec["title"]["subtitle"])
+    assert {r["size"] for r in _rows(chart)} == {"786k"}  # one model shape: the gate's weights make no new size

@@ -53,7 +53,7 @@ def sinks_by_layer(
     reference = (df.filter(pl.col("uniform").is_not_null()).group_by("facet").agg(pl.col("uniform").mean())
                  .with_columns(kind=pl.lit("uniform"), optimizer=pl.lit(None, pl.String)))
     data = pl.concat([df, reference], how="diagonal_relaxed")
-    low = min(0.0, *(v for v in df.get_column("ci_low").to_list() if v is not None))
+    low = min([0.0, *(v for v in df.get_column("ci_low").to_list() if v is not None)])  # one seed: no interval
     y_scale = alt.Scale(domain=[low, 1.0], nice=False)
     x = alt.X("layer:Q", title="Block", axis=alt.Axis(values=sorted({int(v) for v in df.get_column("layer")}), format="d"))
     color = alt.Color("optimizer:N", scale=optimizer_scale(df.get_column("optimizer").to_list()), title="Optimizer",
@@ -97,12 +97,17 @@ def sinks_vs_outliers(
     = optimiser, shape = the attention variant (and any other axis that varies), marker size =
     model size; dashed: ``reference`` on y (1 = kurtosis at its null) and ``uniform`` on x (what
     uniform causal attention reads). Does the sink track the outliers, and across which axis?"""
+    df = as_frame(table)
+    if {"d_model", "n_layers", "params_non_embedding"} <= set(df.columns):  # marker size = the model's shape:
+        # a variant's own weights (the gate's d^2 a block) do not make it another model size
+        df = df.with_columns(pl.col("params_non_embedding").min().over("d_model", "n_layers"))
     caption = caption or (
         "One point per config at the final step: the outlier measure against the attention sink, each a seed "
-        "mean with its interval both ways; colour = optimiser, shape = attention. Points that move along x with "
+        "mean with its interval both ways; colour = optimiser, shape = attention, marker size = model shape "
+        "(its softmax parameter count). Points that move along x with "
         "the attention and along y with the optimiser separate the two suspects."
         + (f" Dashed vertical: uniform causal attention ({uniform:.3f})." if uniform is not None else "")
         + (f" Dashed horizontal: {reference:g} (no privileged basis)." if reference is not None else ""))
-    return metric_vs_metric(table, x_title=x_title, y_title=y_title, reference=reference, x_reference=uniform,
+    return metric_vs_metric(df, x_title=x_title, y_title=y_title, reference=reference, x_reference=uniform,
                             connect=False, title=title or "Outliers against the attention sink", caption=caption,
                             confidence=confidence, configure=configure)
