@@ -5,6 +5,7 @@ probe_time / (100 x step_time) < 0.03.
 
     python benchmarks/bench_metrics.py                 # d_model 128, 4 layers, CPU
     python benchmarks/bench_metrics.py --device cuda --d-model 512 --layers 8
+    python benchmarks/bench_metrics.py --attention clipped   # any study.attention variant
 
 Timings are medians over --reps, probe and step interleaved so that load from other
 processes hits both alike. On CUDA the step runs under bf16 autocast as in study.train.
@@ -35,6 +36,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 keeps torch's default")
+    ap.add_argument("--attention", default="softmax", help="the model's attention (study.attention names)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -43,6 +45,7 @@ def main() -> None:
     cfg = TrialConfig.model_validate({
         "model": {"d_model": args.d_model, "n_layers": args.layers, "n_heads": args.heads},
         "optimizer": {"name": "adam", "lr": 1e-3}, "train": {"steps": 1}, "data": {"seq_len": args.seq_len},
+        "attention": args.attention,
     })
     model = Transformer.from_config(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
@@ -84,7 +87,7 @@ def main() -> None:
     t_step, t_probe = statistics.median(steps), statistics.median(probes)
     share = t_probe / (args.eval_every * t_step)
     rows = len(probe.run(xe, ye).rows)
-    print(f"model: d_model {args.d_model}, {args.layers} layers, {model.num_params():,} params, "
+    print(f"model: d_model {args.d_model}, {args.layers} layers, {args.attention} attention, {model.num_params():,} params, "
           f"{device}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     print(f"train step  (batch {args.train_batch} x {args.seq_len}, fwd+bwd+AdamW): {t_step * 1e3:8.1f} ms")
     print(f"probe.run   (batch {args.eval_batch} x {args.seq_len}, {rows} metric rows):   {t_probe * 1e3:8.1f} ms")
