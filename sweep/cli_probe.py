@@ -37,7 +37,7 @@ def probe_sae(
     from resultstore.uri import StorageError
     from study.sae import SAEConfig
     from sweep.launch import address_problem
-    from sweep.probe import ProbeInputError, plan_probe
+    from sweep.probe import ProbeInputError, plan_probe, refuse_where
     from sweep.store_health import check as check_store
 
     folder = sweep_folder(results)
@@ -53,6 +53,10 @@ def probe_sae(
     if cpus <= 0 or gpus < 0:
         raise bad_input("--cpus must be > 0 and --gpus >= 0")
     refuse(address_problem(address))
+    try:  # parsed before the store is read: one SELECT over the runs table
+        refuse_where(where) if where else None
+    except ProbeInputError as exc:
+        raise bad_input(str(exc)) from None
     store = open_store(*folder.rstrip("/").rsplit("/", 1))
     refuse(check_store(store).refusal("probe sae", store.uri))  # SAEs on a damaged trial would be wrong
     try:

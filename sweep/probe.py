@@ -26,7 +26,8 @@ from resultstore.layout import FINAL_WEIGHTS
 from resultstore.writer import ResultsStore
 from sweep.sql_guard import SqlRefused, check_select
 
-__all__ = ["ProbeInputError", "RayUnavailable", "ProbeOutcome", "ProbePlan", "ProbeTask", "plan_probe", "probe_task", "random_basis", "run_probe"]
+__all__ = ["ProbeInputError", "RayUnavailable", "ProbeOutcome", "ProbePlan", "ProbeTask", "plan_probe", "probe_task", "random_basis", "refuse_where",
+           "run_probe"]
 
 BASES = ("stored", "random")
 
@@ -92,10 +93,7 @@ def plan_probe(store: ResultsStore | str, *, where: str | None = None, layers: l
     uri = store.uri
     runs = store.read("runs").filter(pl.col("status") == "done")
     if where:
-        try:
-            check_select(f"SELECT trial_id FROM runs WHERE {where}", ["runs"])
-        except SqlRefused as exc:
-            raise ProbeInputError(f"--where: {exc}") from None
+        refuse_where(where)
         try:
             ids = pl.SQLContext(runs=runs).execute(f"SELECT trial_id FROM runs WHERE {where}", eager=True)
         except Exception as exc:  # polars raises several kinds for bad SQL
@@ -122,6 +120,14 @@ def plan_probe(store: ResultsStore | str, *, where: str | None = None, layers: l
             if todo:
                 tasks.append(ProbeTask(tid, row["config_json"], layer, todo))
     return ProbePlan(uri, tuple(tasks), runs.height, skipped, tokens, sae.model_dump_json())
+
+
+def refuse_where(where: str) -> None:
+    """ProbeInputError unless `--where` makes one SELECT over the runs table (sweep.sql_guard)."""
+    try:
+        check_select(f"SELECT trial_id FROM runs WHERE {where}", ["runs"])
+    except SqlRefused as exc:
+        raise ProbeInputError(f"--where: {exc}") from None
 
 
 def _done_units(store: ResultsStore) -> set[tuple[str, int, str]]:

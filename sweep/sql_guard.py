@@ -76,7 +76,7 @@ def tokens(sql: str) -> list[Token]:
     out, at, line = [], 0, 1
     while at < len(sql):
         m = _TOKEN.match(sql, at)
-        if m is None:
+        if m is None or (m.group() == "/" and sql.startswith("/*", at)):
             shown = sql[at:at + 20]
             if sql.startswith(("/*", "'", '"', "`", "$$"), at):
                 raise SqlRefused(f"line {line}: {shown!r}... is not closed")
