@@ -398,6 +398,12 @@ def test_gated_attention_gates_each_head_output_elementwise_before_the_output_pr
         gated.proj.weight.copy_(torch.randn(d, d, dtype=torch.float64, generator=g))
         plain.proj.weight.copy_(gated.proj.weight)
     torch.testing.assert_close(gated(x), 0.5 * plain(x), atol=1e-12, rtol=0)
+    with torch.no_grad():  # both random: the gate acts on the heads' outputs, before the projection mixes them
+        gated.gate.weight.copy_(torch.randn(d, d, dtype=torch.float64, generator=g))
+        plain.proj.weight.copy_(torch.eye(d, dtype=torch.float64))
+    heads = plain(x)  # proj = I: the concatenated heads' outputs
+    want = (heads * torch.sigmoid(x @ gated.gate.weight.T)) @ gated.proj.weight.T
+    torch.testing.assert_close(gated(x), want, atol=1e-12, rtol=0)
 
 
 @pytest.mark.parametrize("name", ATTENTION_NAMES)
