@@ -23,11 +23,11 @@ as qkv does (study.invariance rotates it with qkv).
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from study.frozen import FieldError, _Frozen
+from study.frozen import FieldError, _Frozen, string_is
 
 __all__ = ["AttentionName", "ATTENTION_NAMES", "AttentionConfig"]
 
@@ -52,11 +52,7 @@ class AttentionConfig(_Frozen):
     """clipped: the stretch's lower end (<= 0; default -0.03): softmax values below -gamma / (zeta - gamma) read 0."""
 
     id_optional: ClassVar[tuple[str, ...]] = ("zeta", "gamma")  # absent unless clipped: {"name": "gated"}
-
-    @model_validator(mode="before")
-    @classmethod
-    def _from_string(cls, data: Any) -> Any:
-        return {"name": data} if isinstance(data, str) else data
+    _from_string = string_is("name")
 
     @model_validator(mode="after")
     def _stretch_for_clipped_only(self) -> AttentionConfig:

@@ -16,7 +16,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from resultstore.ids import canonical_json, digest, science_hash
 from study.attention import AttentionConfig
-from study.frozen import INT64_MAX, FieldError, _Frozen, without_new_defaults  # noqa: F401  (re-exported)
+from study.frozen import INT64_MAX, FieldError, _Frozen, string_is, without_new_defaults  # noqa: F401  (re-exported)
 from study.optim.registry import OPTIMIZERS, optimizer_family, optimizer_names, runs_columns
 
 __all__ = [
@@ -86,11 +86,7 @@ class RotationConfig(_Frozen):
     that partial with group_size = n_layers is exactly `shared` (the sharing study's control)."""
 
     id_optional: ClassVar[tuple[str, ...]] = ("ends",)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _from_string(cls, data: Any) -> Any:
-        return {"mode": data} if isinstance(data, str) else data
+    _from_string = string_is("mode")
 
     @model_validator(mode="after")
     def _check_mode(self) -> RotationConfig:

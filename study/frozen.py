@@ -10,9 +10,9 @@ import types
 import typing
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
 
-__all__ = ["INT64_MAX", "FieldError", "without_new_defaults"]
+__all__ = ["INT64_MAX", "FieldError", "string_is", "without_new_defaults"]
 
 
 INT64_MAX = 2**63 - 1
@@ -81,3 +81,13 @@ def without_new_defaults(cfg: _Frozen, payload: dict) -> dict:
         if isinstance(value, _Frozen) and isinstance(payload.get(name), dict):
             without_new_defaults(value, payload[name])
     return payload
+
+
+def string_is(field: str) -> Any:
+    """A config's shorthand: a bare string `x` is read as `{field: x}` (assign it in the class body:
+    `_from_string = string_is("mode")`)."""
+
+    def read(cls: type, data: Any) -> Any:
+        return {field: data} if isinstance(data, str) else data
+
+    return model_validator(mode="before")(classmethod(read))
