@@ -241,7 +241,8 @@ class ResultsStore:
                     if table == "runs" and footer.metadata.num_rows != 1:  # e.g. a copy of the table put there
                         raise ValueError(f"holds {footer.metadata.num_rows} rows; a runs file holds its trial's one "
                                          "row, written by `sweep run`")
-                    missing = [c for c in ("trial_id",) if c not in schema.names]
+                    # a file of another table (a sweep nested in this one's metrics/) lacks its keys
+                    missing = [c for c in ("trial_id", "step") if c in want.names and c not in schema.names]
                     clash = [c for c in schema.names if c in want.names and schema.field(c).type != want.field(c).type
                              and not pa.types.is_null(schema.field(c).type)]
                     if missing or clash:

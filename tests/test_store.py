@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import polars as pl
 
 from resultstore.schema import ARROW
@@ -94,3 +96,22 @@ def test_a_runs_file_with_other_than_one_row_is_damaged(tmp_path):
     store.quarantine()
     assert (tmp_path / "s" / "quarantine" / "runs" / "copy.parquet").exists()
     assert sorted(store.statuses()) == ["a", "b"] and store.damaged() == []
+
+
+def test_a_sweep_nested_in_a_table_folder_is_named_damaged_not_a_crash(tmp_path):
+    """Issue 34: a sweep written inside another's metrics/ (through a link, before paths were
+    resolved) made verify crash with a TypeError; its files lack the table's keys and are named."""
+    import sys
+
+    from typer.testing import CliRunner
+
+    from sweep.cli import app
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from synthetic_store import write_store
+
+    write_store(tmp_path, name="S", sizes=(32,), seeds=(0,), optimizers=("adam",), steps=(0, 10))
+    write_store(tmp_path / "S" / "metrics", name="inner", sizes=(32,), seeds=(1,), optimizers=("adam",), steps=(0, 10))
+    result = CliRunner().invoke(app, ["verify", str(tmp_path / "S")])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert "metrics/inner/runs/" in result.output and "missing ['step']" in result.output, result.output
