@@ -98,3 +98,39 @@ def test_lock_on_an_object_store_refuses_a_second_holder_and_releases(s3):
         with pytest.raises(LockHeld, match=f"pid {os.getpid()}"):
             SweepLock(store).acquire()
     assert SweepLock(store).holder() is None
+
+
+@pytest.mark.parametrize("verb", ["train", "probe-sae"])
+def test_every_verb_that_writes_trial_rows_takes_the_lock(tmp_path, verb):
+    """Issue 34: `sweep train --trial 0` trained the trial a running `sweep run` was training.
+    Both writers of trial rows (and `probe sae`) refuse while another holds run.lock: exit 2,
+    naming the holder, nothing written."""
+    store = ResultsStore(tmp_path, "smoke")
+    store.write_run({"trial_id": "earlier", "status": "diverged"})  # complete without rows: a healthy store
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    args = (["train", str(SMOKE), "--trial", "0", "--results", str(tmp_path)] if verb == "train"
+            else ["probe", "sae", str(tmp_path / "smoke")])
+    with SweepLock(store):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, result.output
+        assert "another `sweep run` holds this sweep" in result.output and "Traceback" not in result.output
+        assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == sorted(before + [Path("smoke/run.lock")])
+
+
+def test_train_holds_the_lock_while_it_trains(tmp_path, monkeypatch):
+    """A `sweep run` started beside a `sweep train` is refused, naming `sweep train`."""
+    import sweep.trainable
+
+    seen = []
+
+    def train_and_look(cfg, store, sink, **kw):
+        seen.append(SweepLock(store).holder())
+        with pytest.raises(LockHeld, match="another `sweep train` holds this sweep"):
+            SweepLock(store).acquire()
+        raise OSError(28, "No space left on device")  # the trial ends here: the lock must still go
+
+    monkeypatch.setattr(sweep.trainable, "train_trial", train_and_look)
+    result = runner.invoke(app, ["train", str(SMOKE), "--trial", "0", "--results", str(tmp_path)])
+    assert result.exit_code == 1 and "No space left on device" in result.output, result.output
+    assert seen and seen[0]["command"] == "sweep train" and seen[0]["pid"] == os.getpid()
+    assert SweepLock(ResultsStore(tmp_path, "smoke")).holder() is None
