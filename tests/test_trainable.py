@@ -156,3 +156,35 @@ def test_a_two_worker_fsdp_trial_runs_through_ray_train_to_the_one_worker_values
     got = got.sort("step")["val_loss"].to_list()
     want = reference.read("curves").drop_nulls("val_loss").sort("step")["val_loss"].to_list()
     assert got == pytest.approx(want, rel=2e-4)  # fp32, two summation orders over 12 steps
+
+
+@pytest.mark.parametrize("damage", ["truncated", "random-bytes"])
+def test_sweep_train_sets_a_checkpoint_that_cannot_be_loaded_aside_and_starts_over(tmp_path, damage):
+    """Issue 34: random bytes in checkpoint.pt gave a UnicodeDecodeError naming no file, on every
+    re-run. Now the file goes to quarantine/, a warning names it, the trial runs from step 0 and
+    writes exactly the rows an uninterrupted run writes."""
+    import os
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from resultstore.writer import ResultsStore
+    from sweep.cli import app
+
+    smoke = Path(__file__).parent.parent / "specs" / "smoke.yaml"
+    args = ["train", str(smoke), "--trial", "0", "--results", str(tmp_path)]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    store = ResultsStore(tmp_path, "smoke")
+    keys = {"metrics": ["trial_id", "step", "layer", "site", "basis", "metric"], "curves": ["trial_id", "step"]}
+    want = {t: store.read(t).select(k).sort(k) for t, k in keys.items()}
+    (trial,) = store.completed_ids()
+    checkpoint = tmp_path / "smoke" / "trials" / trial / "checkpoint.pt"
+    data = checkpoint.read_bytes()
+    checkpoint.write_bytes(data[: len(data) // 3] if damage == "truncated" else os.urandom(len(data)))
+    (tmp_path / "smoke" / "runs" / f"{trial}.parquet").unlink()  # interrupted after its last checkpoint
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert f"checkpoint {checkpoint} cannot be loaded" in said and "restarts from step 0" in said, result.output
+    assert (tmp_path / "smoke" / "quarantine" / "trials" / trial / "checkpoint.pt").exists()
+    assert all(store.read(t).select(k).sort(k).equals(want[t]) for t, k in keys.items())
