@@ -342,6 +342,17 @@ def test_a_ray_address_that_is_not_a_cluster_is_refused_in_seconds(linked, silen
     assert _tree(linked) == before and not (linked.parent / "fresh").exists() and not ray_started()
 
 
+def test_an_unreachable_gs_bucket_is_refused_in_bounded_time(linked):
+    """Was: nothing printed for 240 s (pyarrow retries GCS for 15 minutes). No credentials and no
+    GCS reachable from here (or from CI): exit 2 naming the store, well inside a minute."""
+    import time
+
+    t0 = time.monotonic()
+    result = invoke("plan", linked.parent / "spec.yaml", "--results", "gs://no-such-bucket-issue-34/r")
+    assert result.exit_code == 2 and "gs://no-such-bucket-issue-34/r/bad" in result.output, result.output
+    assert "Traceback" not in result.output and time.monotonic() - t0 < 60
+
+
 # ---- data prepare: sources and outputs that are not files or folders ---------------------------
 
 PREPARE = {  # id -> (argv after `data prepare`, given the odd folder; what the message says)
@@ -365,7 +376,7 @@ def test_data_prepare_names_what_is_no_file_or_folder(odd, kind):
 
 
 KINDS = (len(SPEC_CASES) + len(SPEC_PATHS) + 3 * len(RESULTS) + len(LINKED_OUT) * len(OUT_VERBS) + 2
-         + 2 * len(LOCKS) + len(SQL) + len(WHERE) + 2 * len(ADDRESSES) + len(PREPARE))
+         + 2 * len(LOCKS) + len(SQL) + len(WHERE) + 2 * len(ADDRESSES) + 1 + len(PREPARE))
 """Kinds of bad input in this module, counted as test_bad_input counts its own (a spec case once
 though run and plan both try it; a place under each verb that takes it; a lock by status and by
 the takeover)."""
