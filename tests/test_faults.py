@@ -205,3 +205,62 @@ def test_a_deleted_corpus_is_refused_by_name_and_the_store_left_as_it_was(tmp_pa
     assert invoke("train", spec, "--trial", "0", "--results", tmp_path / "r").exit_code == 0
     after = rows(tmp_path / "r" / "corpus")
     assert all(after[t].equals(reference[t]) for t in KEYS)
+
+
+@pytest.mark.parametrize("damage", ["random-bytes"])  # truncated: tests/test_trainable.py, without Ray
+def test_a_checkpoint_that_cannot_be_loaded_is_quarantined_and_its_trial_restarts(reference, copy, damage):
+    """Issue 34: a truncated or random checkpoint.pt failed its trial on every re-run (random bytes
+    gave a UnicodeDecodeError naming no file). Now it is moved to quarantine/, the trial starts
+    again from step 0 with a warning naming the file, and the store ends as the reference's."""
+    trial = sorted(ResultsStore(copy.parent, "smoke").completed_ids())[0]
+    checkpoint = copy / "trials" / trial / "checkpoint.pt"
+    data = checkpoint.read_bytes()
+    bad = data[: len(data) // 3] if damage == "truncated" else os.urandom(len(data))
+    checkpoint.write_bytes(bad)
+    (copy / "runs" / f"{trial}.parquet").unlink()  # interrupted: the next run resumes from the checkpoint
+    for part in sorted((copy / "metrics").glob(f"{trial}.*.parquet"))[-1:]:
+        part.unlink()  # the rows after the checkpoint were never flushed
+    result = invoke("run", SMOKE, "--results", copy.parent)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert f"checkpoint {checkpoint} cannot be loaded" in said and "restarts from step 0" in said, result.output
+    assert (copy / "quarantine" / "trials" / trial / "checkpoint.pt").read_bytes() == bad
+    assert_same_rows(copy, reference)
+
+
+def _mount_tmpfs(folder: Path, size: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip()[:120]}): the full-disk fault needs one")
+
+
+def test_a_real_full_disk_is_named_and_a_rerun_with_space_repairs_it(reference, tmp_path):
+    """Issue 34: `sweep run` into a 600 KiB tmpfs (a real ENOSPC, not a mock). It exits 1 with the
+    reason (no Ray UnpicklingError, no traceback), leaves no temporary file (run.lock.*.tmp,
+    .tmp-*.parquet), and `status` names the full disk; once the tmpfs is grown, one re-run gives
+    the reference's rows, row for row."""
+    disk = tmp_path / "disk"
+    _mount_tmpfs(disk, "600k")
+    try:
+        spec = tmp_path / "smoke.yaml"
+        spec.write_text(SMOKE.read_text().replace("retries: 1", "retries: 0"))  # the same trials, tried once
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        env["PYTHONPATH"] = str(Path(__file__).parent.parent)
+        run = subprocess.run([sys.executable, "-m", "sweep.cli", "run", str(spec), "--results", str(disk)],
+                             capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+        output = run.stdout + run.stderr
+        assert run.returncode == 1, output
+        assert "No space left on device" in output and "disk is full" in output, output
+        assert "Traceback" not in output and "UnpicklingError" not in output, output
+        leftovers = [p.name for p in disk.rglob("*") if ".tmp" in p.name and p.is_file()]
+        assert leftovers == [], leftovers
+        status = invoke("status", disk / "smoke")
+        assert status.exit_code == 1 and "disk is full" in " ".join(status.output.split()), status.output
+        subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+        result = invoke("run", spec, "--results", disk)
+        assert result.exit_code == 0, result.output
+        assert_same_rows(disk / "smoke", reference)
+        assert not [p for p in disk.rglob("run.lock*")]
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
