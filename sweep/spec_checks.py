@@ -59,11 +59,12 @@ def point_problems(spec: SweepSpec, where: Where):
     """Every combination of the axes (seeds aside): rules across axes (group_size > n_layers,
     rotate: all with a big vocabulary), memory and time bounds; then repeated axis entries."""
     g = spec.grid
-    axes = {"model": g.model, "optimizer": g.optimizer, "norm": g.norm, "rotation": g.rotation}
-    for (mi, m), (oi, o), (ni, n), (ri, r) in itertools.product(*(enumerate(v) for v in axes.values())):
-        index = {"model": mi, "optimizer": oi, "norm": ni, "rotation": ri}
+    axes = {"model": g.model, "optimizer": g.optimizer, "norm": g.norm, "attention": g.attention,
+            "rotation": g.rotation}
+    for (mi, m), (oi, o), (ni, n), (ai, a), (ri, r) in itertools.product(*(enumerate(v) for v in axes.values())):
+        index = {"model": mi, "optimizer": oi, "norm": ni, "attention": ai, "rotation": ri}
         try:
-            cfg = trial_config(spec, m, o, n, r, g.seed[0])
+            cfg = trial_config(spec, m, o, n, r, g.seed[0], a)
         except FieldError as exc:  # a size rule (lr_scaling, batch_scaling) with no usable value here
             loc = ("grid", "optimizer", oi, *exc.loc[1:]) if exc.loc[0] == "optimizer" else exc.loc
             yield where.format(loc, f"{exc} (with grid.model[{mi}])")

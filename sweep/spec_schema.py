@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from study.attention import AttentionConfig
 from study.config import (
     DataConfig, FieldError, ModelConfig, NormName, OptimizerConfig, RotationConfig, TrainConfig, _Frozen,
 )
@@ -155,6 +156,9 @@ class Grid(_Spec):
     (LrScaling). Holds the expanded entries once validated."""
     norm: list[NormName] = Field(default=["layernorm"], min_length=1)
     """Norm types."""
+    attention: list[AttentionConfig] = Field(default=[AttentionConfig()], min_length=1)
+    """Attention variants: softmax, softmax1, kv_bias, gated, {name: clipped, zeta, gamma}
+    (study/attention.py); softmax where absent, so earlier specs expand as before."""
     rotation: list[RotationConfig] = Field(default=[RotationConfig()], min_length=1)
     """Rotation plans: none, shared, independent, {mode: partial, group_size: k}, {mode: groups, ...}."""
     seed: list[int] = Field(default=[0], min_length=1)
