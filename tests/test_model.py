@@ -444,25 +444,22 @@ def test_every_variant_trains_under_bf16_autocast(name):
     assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0] - 0.1, losses
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ATTENTION_NAMES)
-def test_every_variant_compiles_on_cpu_and_matches_eager(name):
-    """torch.compile (inductor, CPU) of each variant's attention, the only part that differs:
-    forward and backward equal eager's, in float32 and under bf16 autocast. (The whole model
-    compiles too; at ~3 min a variant on one core, that is left to benchmarks/gpu_check.sh.)"""
+def compiled_matches_eager(name: str, device: str) -> None:
+    """torch.compile of one variant's attention (the only part that differs) on `device`: forward
+    and backward equal eager's, in float32 and under bf16 autocast (on CUDA, SDPA's fused kernels)."""
     from study.attention import AttentionConfig
     from study.model import ATTENTIONS
 
-    torch.manual_seed(0)
     eager = ATTENTIONS[name](32, 2, torch.float32, AttentionConfig(name=name))
     with torch.no_grad():
         for p in eager.parameters():
             p.copy_(torch.randn(p.shape, generator=generator_for(0, "test-compile", p.numel())) * 0.3)
+    eager = eager.to(device)
     compiled = copy.deepcopy(eager)
     fast = torch.compile(compiled)
-    x = torch.randn(2, 16, 32, generator=generator_for(1, "test-compile"))
+    x = torch.randn(2, 16, 32, generator=generator_for(1, "test-compile")).to(device)
     for autocast in (False, True):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
             a, b = eager(x), fast(x)
         close = lambda got, want: torch.testing.assert_close(  # noqa: E731  bf16: ~2 ulp of the largest value
             got.float(), want.float(), rtol=2e-2 if autocast else 1e-4, atol=(2e-2 if autocast else 1e-5) * want.abs().max().item())
@@ -472,3 +469,18 @@ def test_every_variant_compiles_on_cpu_and_matches_eager(name):
         for p, q in zip(eager.parameters(), compiled.parameters()):
             close(q.grad, p.grad)
             p.grad, q.grad = None, None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ATTENTION_NAMES)
+def test_every_variant_compiles_on_cpu_and_matches_eager(name):
+    """inductor on CPU, per variant (the whole model compiles too; at ~3 min a variant on one core
+    it is left to the CUDA test below, which benchmarks/gpu_check.sh runs)."""
+    compiled_matches_eager(name, "cpu")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (benchmarks/gpu_check.sh runs these)")
+@pytest.mark.parametrize("name", ATTENTION_NAMES)
+def test_every_variant_compiles_on_cuda_and_matches_eager(name):
+    compiled_matches_eager(name, "cuda")

@@ -36,6 +36,22 @@ def test_smoke_train_every_variant(norm, rotation, optimizer):
     assert sink.run_row["status"] == "done" and sink.run_row["norm"] == norm
 
 
+@pytest.mark.parametrize("attention", ["softmax1", "gated", "clipped", "kv_bias"])
+def test_every_attention_trains_with_its_sink_rows_and_stays_invariant(attention):
+    """The trial loop with each attention variant (issue 36): done, its runs column, a sink row per
+    block and eval, and the float64 invariance check ~0 under rmsnorm_scalar."""
+    sink = MemorySink()
+    cfg = tiny(norm="rmsnorm_scalar", rotation="independent", attention=attention,
+               train={"steps": 6, "batch_size": 4, "eval_every": 3, "eval_batch": {"sequences": 2},
+                      "checkpoint_every": 0, "invariance_check": True})
+    summary = train(cfg, sink)
+    assert summary.status == "done" and sink.run_row["attention"] == attention
+    assert sink.run_row["params"] == cfg.params
+    rows = [r for r in sink.metric_rows if r["site"] == "attn" and r["basis"] == "heads"]
+    assert len(rows) == 3 * 2 * 4  # evals (steps 0, 3, 6) x blocks x measures
+    assert abs(next(r["value"] for r in sink.check_rows if r["dtype"] == "float64")) < 1e-10
+
+
 @pytest.mark.parametrize("optimizer", BEYOND, ids=lambda o: o["name"])
 def test_smoke_train_each_further_optimizer(optimizer):
     sink = MemorySink()
@@ -55,7 +71,7 @@ def test_rows_match_the_store_schema_and_loss_falls():
     sites = {(r["site"], r["basis"]) for r in sink.metric_rows}
     assert sites == {("resid", "stored"), ("resid", "random"), ("attn_in", "computation"), ("attn_in", "random"),
                      ("mlp_in", "computation"), ("mlp_in", "random"), ("mlp_act", "neuron"), ("model", "computation"),
-                     ("model", "w8a8"), ("model", "w4a4")}
+                     ("model", "w8a8"), ("model", "w4a4"), ("attn", "heads"), ("attn", "uniform")}
     assert {r["dtype"] for r in sink.check_rows} == {"float64", "float32", "bfloat16"}
     assert sink.run_row["params"] == cfg.params and sink.run_row["tokens"] == 40 * 8 * 16
     # exactly one row per (step, layer, site, basis, metric)
