@@ -12,13 +12,7 @@ from study.config import (
 from sweep.spec_schema import BatchScaling, LrScaling, OptimizerEntry, SweepSpec, TrainSpec
 from sweep.spec_yaml import SpecError
 
-__all__ = ["attention_axis", "expand", "select", "trial_config"]
-
-
-def attention_axis(spec: SweepSpec) -> list[AttentionConfig]:
-    """grid.attention, or [softmax] for a grid without that axis (every spec before it; and every
-    spec while sweep.spec_schema.Grid does not declare the axis yet)."""
-    return list(getattr(spec.grid, "attention", None) or [AttentionConfig()])
+__all__ = ["expand", "select", "trial_config"]
 
 
 def trial_config(spec: SweepSpec, model: ModelConfig, optimizer: OptimizerConfig, norm: str,
@@ -78,7 +72,7 @@ def expand(spec: SweepSpec) -> list[TrialConfig]:
     g = spec.grid
     trials: list[TrialConfig] = []
     seen: dict[str, int] = {}
-    axes = itertools.product(g.model, g.optimizer, g.norm, attention_axis(spec), g.rotation)
+    axes = itertools.product(g.model, g.optimizer, g.norm, g.attention, g.rotation)
     for i, (model, optimizer, norm, attention, rotation) in enumerate(axes):
         first = trial_config(spec, model, optimizer, norm, rotation, g.seed[0], attention)
         if first.config_id in seen:  # same config, so the same trial at every seed

@@ -159,17 +159,6 @@ def test_batch_scaling_stops_at_its_cap():
 # ---- the attention axis (issue 36): expanded, and bad input located and refused with exit 2 ------
 
 
-def _grid_declares_attention() -> bool:
-    from sweep.spec_schema import Grid
-
-    return "attention" in Grid.model_fields
-
-
-needs_axis = pytest.mark.skipif(not _grid_declares_attention(), reason=(
-    "sweep/spec_schema.Grid does not declare `attention` yet (issue 36: a two-file patch to spec_schema.py and "
-    "spec_checks.py, owned by the reliability work; sweep.grid already reads the axis)"))
-
-
 ATTENTION_SPEC = """name: attn
 data: {corpus: stdlib, seq_len: 32}
 train: {steps: 4, batch_size: 4, eval_every: 2, eval_batch: {sequences: 2}}
@@ -180,7 +169,6 @@ grid:
 """
 
 
-@needs_axis
 def test_a_spec_expands_the_attention_axis(tmp_path):
     from sweep.spec import load_spec
 
@@ -193,7 +181,6 @@ def test_a_spec_expands_the_attention_axis(tmp_path):
     assert expand(load_spec(plain))[0].trial_id == trials[0].trial_id  # no axis: softmax, the same trial
 
 
-@needs_axis
 @pytest.mark.parametrize("value, message", [
     ("[softmax, softmax2]", "grid.attention[1].name: Input should be 'softmax', 'softmax1', 'gated', 'clipped' or "
                             "'kv_bias', got 'softmax2' (line 7)"),
