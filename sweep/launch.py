@@ -115,13 +115,18 @@ def address_problem(address: str | None) -> str | None:
         return f"{option} {given}: expected HOST:PORT (e.g. 10.0.0.5:6379, or ray://HOST:10001 for Ray Client)"
     what = "a Ray Client server" if client else "a Ray cluster's head (its GCS port, 6379 by default)"
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=ADDRESS_TIMEOUT_S) as conn:
-            # Ray's GCS and Ray Client are gRPC servers: they answer HTTP/2's preface with SETTINGS
-            conn.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
-            reply = conn.recv(9)
+        conn = socket.create_connection((host.strip("[]"), int(port)), timeout=ADDRESS_TIMEOUT_S)
     except OSError as exc:
         why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
         return f"{option} {given}: cannot connect within {ADDRESS_TIMEOUT_S:g} s ({why}); expected {what} there"
+    with conn:
+        # Ray's GCS and Ray Client are gRPC servers: they answer HTTP/2's preface with SETTINGS.
+        # Accepted, then closed or reset before that answer: something listens, not gRPC.
+        try:
+            conn.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+            reply = conn.recv(9)
+        except OSError:
+            reply = b""
     if len(reply) < 9 or reply[3] != 4:
         return f"{option} {given}: something answers there, but not {what} (it does not speak gRPC)"
     return None
