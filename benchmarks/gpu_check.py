@@ -62,7 +62,7 @@ def trial(corpus: Path, d: int, layers: int, heads: int, optimizer: str, steps: 
 
 def steady_tokens_per_s(sink: MemorySink) -> float:
     """Median tokens/s of the eval intervals after the first (the first holds compile and warm-up)."""
-    per_interval = [r["tokens_per_s"] for r in sink.curve_rows if r["val_loss"] is not None and r["tokens_per_s"]]
+    per_interval = [r["tokens_per_s"] for r in sink.tables["curves"] if r["val_loss"] is not None and r["tokens_per_s"]]
     later = per_interval[1:] or per_interval
     return statistics.median(later)
 

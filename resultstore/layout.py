@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from resultstore.schema import TABLES
+from resultstore.schema import ARROW, TABLES
 from resultstore.uri import StorageError, first_line
 
 __all__ = [
@@ -39,8 +39,10 @@ __all__ = [
     "NoSweepError",
     "find_sweep",
     "footer_error",
+    "in_parts",
     "is_sweep_folder",
     "table_files",
+    "trial_file",
     "trial_of",
 ]
 
@@ -52,6 +54,21 @@ PART = re.compile(r"^(?P<trial>.+)\.(?P<first>\d+)-(?P<last>\d+)\.parquet$")
 STORE_FOLDERS = (*TABLES, "quarantine", "trials", "ray")
 """A sweep folder's sub-folders that only the store's writer (`sweep run`, `sweep train`) writes
 (resultstore.paths judges an output path against them)."""
+
+
+def in_parts(table: str) -> bool:
+    """Whether a trial writes `table` in parts named by their step range: the tables with a step
+    column (metrics, curves, dims). A table without one holds one file per trial (runs, checks)
+    or, written by a probe, files of its own naming (sae)."""
+    return "step" in ARROW[table].names
+
+
+def trial_file(table: str, trial_id: str, steps: tuple[int, int] | None = None) -> str:
+    """A trial's file of `table`, relative to the sweep folder: the part holding steps
+    (first, last) of a table in parts, else the trial's one file."""
+    if steps is None:
+        return f"{table}/{trial_id}.parquet"
+    return f"{table}/{trial_id}.{steps[0]:09d}-{steps[1]:09d}.parquet"
 
 
 class NoSweepError(ValueError):

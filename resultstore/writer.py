@@ -33,7 +33,9 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from resultstore import uri
-from resultstore.layout import CHECKPOINT, FINAL_WEIGHTS, PART, DamagedFile, table_files, trial_of
+from resultstore.layout import (
+    CHECKPOINT, FINAL_WEIGHTS, PART, DamagedFile, in_parts, table_files, trial_file, trial_of,
+)
 from resultstore.lock import SweepLock
 from resultstore.paths import local_write_problem
 from resultstore.schema import ARROW, FINISHED, SCHEMAS, TABLES
@@ -105,20 +107,17 @@ class ResultsStore:
     # -- writing ------------------------------------------------------------------------
 
     def write_run(self, row: dict) -> None:
-        self._write_atomic(f"runs/{row['trial_id']}.parquet", _to_table("runs", [row]))
+        """A trial's runs row (it carries its trial_id): written last, it marks the trial finished."""
+        self._write_atomic(trial_file("runs", row["trial_id"]), _to_table("runs", [row]))
 
-    def write_checks(self, trial_id: str, rows: list[dict]) -> None:
-        rows = [{"trial_id": trial_id, **r} for r in rows]
-        self._write_atomic(f"checks/{trial_id}.parquet", _to_table("checks", rows))
-
-    def write_part(self, table: str, trial_id: str, rows: list[dict]) -> None:
-        """One flushed slice of a trial's metrics, curves or dims, named by its step range."""
+    def write_rows(self, table: str, trial_id: str, rows: list[dict]) -> None:
+        """One flushed slice of a trial's rows of `table`: a part named by its step range for a
+        table in parts (metrics, curves, dims), else the trial's one file, replaced whole (checks)."""
         if not rows:
             return
-        steps = [r["step"] for r in rows]
+        steps = (min(r["step"] for r in rows), max(r["step"] for r in rows)) if in_parts(table) else None
         rows = [{"trial_id": trial_id, **r} for r in rows]
-        self._write_atomic(f"{table}/{trial_id}.{min(steps):09d}-{max(steps):09d}.parquet",
-                           _to_table(table, rows))
+        self._write_atomic(trial_file(table, trial_id, steps), _to_table(table, rows))
 
     def write_final_weights(self, trial_id: str, data: bytes) -> None:
         """A done trial's torch-saved final weights, atomically, local or remote."""
@@ -171,15 +170,16 @@ class ResultsStore:
         self._put(f"{parent}/.tmp-{uuid.uuid4().hex}", final, data)
 
     def discard(self, trial_id: str, after_step: int | None) -> None:
-        """Delete a trial's parts with rows after `after_step` (all of them when None), its checks
-        and its runs row: the state a (re)start from that step must see."""
-        for table in ("metrics", "curves", "dims"):
+        """Delete a trial's parts with rows after `after_step` (all of them when None), its other
+        files (checks) and, last, its runs row: the state a (re)start from that step must see."""
+        for table in filter(in_parts, TABLES):
             for name in self._list(table):
                 m = PART.match(name)
                 if m and m["trial"] == trial_id and (after_step is None or int(m["last"]) > after_step):
                     self.fs.delete_file(f"{self.path}/{table}/{name}")
-        for table in ("checks", "runs"):
-            path = f"{self.path}/{table}/{trial_id}.parquet"
+        whole = [t for t in TABLES if not in_parts(t) and t != "runs"]
+        for table in (*whole, "runs"):
+            path = f"{self.path}/{trial_file(table, trial_id)}"
             if self.fs.get_file_info(path).type == pafs.FileType.File:
                 self.fs.delete_file(path)
 
@@ -397,36 +397,29 @@ class StoreSink:
     trial_id: str
     on_progress: Callable[[dict], None] | None = None
     """Called with study.train's live progress after each eval (e.g. `sweep train` prints it)."""
-    _metrics: list[dict] = field(default_factory=list)
-    _curves: list[dict] = field(default_factory=list)
-    _checks: list[dict] = field(default_factory=list)
-    _dims: list[dict] = field(default_factory=list)
+    _rows: dict[str, list[dict]] = field(default_factory=dict)
+    """Rows by table: a table in parts holds those not yet flushed; another, every row of this run."""
+    _unwritten: set[str] = field(default_factory=set)
+    """Tables with rows the next flush writes."""
 
     def begin(self, resume_step: int | None) -> None:
-        self._metrics, self._curves, self._checks = [], [], []
-        self._dims = []
+        self._rows, self._unwritten = {}, set()
         self.store.discard(self.trial_id, resume_step)
 
-    def metrics(self, rows: list[dict]) -> None:
-        self._metrics += rows
-
-    def curves(self, rows: list[dict]) -> None:
-        self._curves += rows
-
-    def checks(self, rows: list[dict]) -> None:
-        self._checks += rows
-
-    def dims(self, rows: list[dict]) -> None:
-        self._dims += rows
+    def rows(self, table: str, rows: list[dict]) -> None:
+        if table not in TABLES or table == "runs":
+            others = ", ".join(t for t in TABLES if t != "runs")
+            raise ValueError(f"{table!r}: not a table of trial rows (one of {others}; the runs row goes to run())")
+        self._rows.setdefault(table, []).extend(rows)
+        if rows:
+            self._unwritten.add(table)
 
     def flush(self, step: int) -> None:
-        self.store.write_part("metrics", self.trial_id, self._metrics)
-        self.store.write_part("curves", self.trial_id, self._curves)
-        self.store.write_part("dims", self.trial_id, self._dims)
-        self._dims = []
-        if self._checks:
-            self.store.write_checks(self.trial_id, self._checks)
-        self._metrics, self._curves, self._checks = [], [], []
+        for table in sorted(self._unwritten, key=TABLES.index):
+            self.store.write_rows(table, self.trial_id, self._rows[table])
+            if in_parts(table):  # a part per flush; another table's file is rewritten whole
+                self._rows[table] = []
+        self._unwritten.clear()
 
     def checkpoint(self, step: int, directory: Path) -> None:
         pass

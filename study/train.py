@@ -1,7 +1,8 @@
 """train(cfg, sink) -> RunSummary: one trial, top to bottom.
 
-Logging is injected: a `Sink` receives rows shaped like the results store's tables (runs,
-metrics, curves, checks), so this module never imports Ray. Exactly-once bookkeeping is the
+Logging is injected: a `Sink` receives rows shaped like the results store's tables
+(`sink.rows(table, rows)` for metrics, curves, checks, dims; `sink.run(row)` for the runs row),
+so this module never imports Ray. Exactly-once bookkeeping is the
 sink's job; the loop tells it where a run (re)starts (`begin`) and when rows up to a step must
 be durable (`flush`, always before the checkpoint that covers them is written).
 """
@@ -13,6 +14,7 @@ import math
 import os
 import subprocess
 import time
+from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
@@ -54,10 +56,8 @@ class Sink(Protocol):
         """A run starts fresh (None: drop every earlier row) or resumes after `resume_step`
         (drop rows with a larger step)."""
 
-    def metrics(self, rows: list[dict]) -> None: ...
-    def curves(self, rows: list[dict]) -> None: ...
-    def checks(self, rows: list[dict]) -> None: ...
-    def dims(self, rows: list[dict]) -> None: ...
+    def rows(self, table: str, rows: list[dict]) -> None:
+        """Rows of `table` (a table of resultstore.schema other than runs), shaped like it."""
 
     def flush(self, step: int) -> None:
         """Make every row so far durable (called before each checkpoint and at the end)."""
@@ -81,32 +81,20 @@ class Sink(Protocol):
 class MemorySink:
     """Keeps every row in memory: for tests, notebooks and `sweep train --no-store`."""
 
-    metric_rows: list[dict] = field(default_factory=list)
-    curve_rows: list[dict] = field(default_factory=list)
-    check_rows: list[dict] = field(default_factory=list)
-    dim_rows: list[dict] = field(default_factory=list)
+    tables: dict[str, list[dict]] = field(default_factory=lambda: defaultdict(list))
+    """Rows by table (`sink.tables["metrics"]`); a table without rows reads as []."""
     run_row: dict | None = None
     final_state: dict | None = None
     progress_log: list[dict] = field(default_factory=list)
 
     def begin(self, resume_step: int | None) -> None:
-        keep = (lambda r: False) if resume_step is None else (lambda r: r["step"] <= resume_step)
-        self.metric_rows = [r for r in self.metric_rows if keep(r)]
-        self.curve_rows = [r for r in self.curve_rows if keep(r)]
-        self.dim_rows = [r for r in self.dim_rows if keep(r)]
-        self.check_rows, self.run_row = [], None
+        """Keep the rows up to `resume_step` (rows without a step, such as checks, go)."""
+        for rows in self.tables.values():
+            rows[:] = [r for r in rows if resume_step is not None and r.get("step", math.inf) <= resume_step]
+        self.run_row = None
 
-    def metrics(self, rows: list[dict]) -> None:
-        self.metric_rows += rows
-
-    def curves(self, rows: list[dict]) -> None:
-        self.curve_rows += rows
-
-    def checks(self, rows: list[dict]) -> None:
-        self.check_rows += rows
-
-    def dims(self, rows: list[dict]) -> None:
-        self.dim_rows += rows
+    def rows(self, table: str, rows: list[dict]) -> None:
+        self.tables[table] += rows
 
     def flush(self, step: int) -> None:
         pass
@@ -227,11 +215,10 @@ class Evaluation:
     """The last step's training loss; nan at the initial eval (no step before it)."""
     finite: bool
     """The val loss and every training loss since the previous eval are finite."""
-    curves: list[dict]
-    metrics: list[dict]
+    rows: dict[str, list[dict]]
+    """Rows by table: curves, metrics and dims (study.attribution's outlier dimensions, at the
+    final and every attribution_every-th eval; [] at the others)."""
     progress: dict
-    dims: list[dict] = field(default_factory=list)
-    """Outlier-dimension rows (study.attribution) at the final and every attribution_every-th eval."""
 
 
 def evaluate(cfg: TrialConfig, model: Transformer, probe: ActivationProbe, batch: tuple[torch.Tensor, torch.Tensor],
@@ -270,11 +257,13 @@ def evaluate(cfg: TrialConfig, model: Transformer, probe: ActivationProbe, batch
     return Evaluation(
         val_loss=val_loss, train_loss=train_loss,
         finite=all(math.isfinite(v) for v in train_hist + [val_loss]),
-        curves=curves,
-        metrics=[{"step": at, "tokens": at * tps, **r} for r in model_rows],
+        rows={
+            "curves": curves,
+            "metrics": [{"step": at, "tokens": at * tps, **r} for r in model_rows],
+            "dims": [{"step": at, "tokens": at * tps, **r} for r in dims.rows(result.extra[-1])] if dims else [],
+        },
         progress={"step": at, "total_steps": total, "train_loss": train_loss, "val_loss": val_loss,
                   "resid_kurtosis_mean": sum(resid) / max(1, len(resid)), "tokens_per_s": tokens_per_s},
-        dims=[{"step": at, "tokens": at * tps, **r} for r in dims.rows(result.extra[-1])] if dims else [],
     )
 
 
@@ -376,9 +365,8 @@ def train(
             if ranks.main:  # the probe and every row: rank 0 alone, on the full eval batch
                 ev = evaluate(cfg, eval_model, probe, (x_eval, y_eval), (losses, grad_norms), since=last_eval, at=step,
                               seconds=interval, autocast=autocast, attribution=attribution)
-                sink.curves(ev.curves)
-                sink.metrics(ev.metrics)
-                sink.dims(ev.dims)
+                for table, new_rows in ev.rows.items():
+                    sink.rows(table, new_rows)
                 sink.progress(ev.progress)
                 train_loss, val_loss = ev.train_loss, ev.val_loss
                 initial_loss = val_loss if initial_loss is None else initial_loss
@@ -425,7 +413,7 @@ def train(
     # -- the end: invariance check, runs row
     # eval_model holds the final weights: the last eval was at the final step
     if ranks.main and status == "done" and cfg.train.invariance_check:
-        sink.checks(loss_change_by_dtype(eval_model, x_eval, y_eval, cfg.seed))
+        sink.rows("checks", loss_change_by_dtype(eval_model, x_eval, y_eval, cfg.seed))
     if ranks.main:
         sink.flush(step)
     wall = wall_before + time.perf_counter() - t_start

@@ -55,9 +55,10 @@ class _RaySink(StoreSink):
     def run(self, row: dict) -> None:
         super().run({**row, "node": node_label()})
 
-    def metrics(self, rows: list[dict]) -> None:
-        super().metrics(rows)
-        self.layer_kurtosis = layer_kurtosis(rows)
+    def rows(self, table: str, rows: list[dict]) -> None:
+        super().rows(table, rows)
+        if table == "metrics":
+            self.layer_kurtosis = layer_kurtosis(rows)
 
 
 class TuneSink(_RaySink):

@@ -467,7 +467,7 @@ def write_store(
                 elif table == "runs":
                     store.write_run(part.row(0, named=True))
                 else:
-                    store.write_checks(tid, part.drop("trial_id").to_dicts())
+                    store.write_rows("checks", tid, part.drop("trial_id").to_dicts())
                 continue
             steps_ = part.get_column("step").unique().sort().to_list()
             k = max(1, min(parts, len(steps_)))
@@ -475,7 +475,7 @@ def write_store(
                 lo, hi = steps_[i * len(steps_) // k], steps_[(i + 1) * len(steps_) // k - 1]
                 piece = part.filter(pl.col("step").is_between(lo, hi))
                 if through_store:
-                    store.write_part(table, tid, piece.drop("trial_id").to_dicts())
+                    store.write_rows(table, tid, piece.drop("trial_id").to_dicts())
                 else:
                     _write(store, f"{table}/{tid}.{lo:09d}-{hi:09d}.parquet", piece, table)
     os.makedirs(os.path.join(sweep, "ray"), exist_ok=True)  # a non-table folder to ignore

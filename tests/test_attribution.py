@@ -244,15 +244,15 @@ def tiny(**train_kw):
 def test_a_trial_attributes_at_the_final_eval_and_every_kth_in_the_evals_one_readback(readbacks):
     sink = MemorySink()
     train(tiny(), sink)
-    assert {r["step"] for r in sink.dim_rows} == {12}
-    assert {r["tokens"] for r in sink.dim_rows} == {12 * 4 * 16}
+    assert {r["step"] for r in sink.tables["dims"]} == {12}
+    assert {r["tokens"] for r in sink.tables["dims"]} == {12 * 4 * 16}
     assert tiny().trial_id == tiny(attribution_every=0).trial_id  # the new field keeps the ids
     readbacks.update({k: 0 for k in readbacks})
     sink = MemorySink()
     train(tiny(attribution_every=2), sink)
-    assert sorted({r["step"] for r in sink.dim_rows}) == [0, 8, 12]
+    assert sorted({r["step"] for r in sink.tables["dims"]}) == [0, 8, 12]
     assert readbacks["tolist"] == 4  # evals at 0, 4, 8, 12: the attribution rides in each one's readback
-    keys = [(r["step"], r["layer"], r["site"], r["dim"]) for r in sink.dim_rows]
+    keys = [(r["step"], r["layer"], r["site"], r["dim"]) for r in sink.tables["dims"]]
     assert len(keys) == len(set(keys))
 
 
@@ -273,14 +273,14 @@ def test_dims_rows_exactly_once_after_a_crash_and_resume_and_readable_with_plain
     sink.crash_step = 8
     with pytest.raises(StopTraining):
         train(cfg, sink, checkpoint_dir=tmp_path / "b")
-    store.write_part("dims", cfg.trial_id, [{**straight.dim_rows[-1], "step": 10}])  # past the checkpoint: must go
+    store.write_rows("dims", cfg.trial_id, [{**straight.tables["dims"][-1], "step": 10}])  # past the checkpoint: must go
     sink.crash_step = None
     train(cfg, sink, checkpoint_dir=tmp_path / "b")
     dims = pl.read_parquet(str(tmp_path / "results" / "s" / "dims" / "*.parquet"))
     keys = dims.select("trial_id", "step", "layer", "site", "dim")
-    assert keys.height == keys.unique().height == len(straight.dim_rows)
+    assert keys.height == keys.unique().height == len(straight.tables["dims"])
     assert sorted(dims["step"].unique().to_list()) == [0, 4, 8, 12]
-    want = pl.DataFrame(straight.dim_rows, schema_overrides={"rank_max": pl.Int64}, infer_schema_length=None)
+    want = pl.DataFrame(straight.tables["dims"], schema_overrides={"rank_max": pl.Int64}, infer_schema_length=None)
     got = dims.sort("step", "layer", "site", "dim")
     assert got["zero_delta"].to_list() == pytest.approx(
         want.sort("step", "layer", "site", "dim")["zero_delta"].to_list(), nan_ok=True)

@@ -134,16 +134,16 @@ def test_two_workers_follow_the_one_worker_trajectory_and_only_rank0_writes(tmp_
     rank0, rank1 = run_workers(tmp_path, tiny())
     sink = rank0["sink"]
     # the same global batch, so the same losses at every step (not just the same shape)
-    got = [{**r, "tokens_per_s": None} for r in sink.curve_rows]
-    want = [{**r, "tokens_per_s": None} for r in one_worker.curve_rows]
+    got = [{**r, "tokens_per_s": None} for r in sink.tables["curves"]]
+    want = [{**r, "tokens_per_s": None} for r in one_worker.tables["curves"]]
     assert_rows_close(got, want, CURVE_VALUES)
-    assert_rows_close(sink.metric_rows, one_worker.metric_rows, METRIC_VALUES)
+    assert_rows_close(sink.tables["metrics"], one_worker.tables["metrics"], METRIC_VALUES)
     assert rank0["summary"].final_val_loss == pytest.approx(one_worker.run_row["final_val_loss"], rel=BOUND)
     assert sink.run_row is not None and sink.run_row["steps"] == 12
     # rank 1 trained (it returns the same summary steps) but wrote nothing anywhere
     assert rank1["summary"].steps == 12
     empty = rank1["sink"]
-    assert (empty.metric_rows, empty.curve_rows, empty.check_rows, empty.run_row, empty.progress_log) == ([], [], [], None, [])
+    assert (empty.tables["metrics"], empty.tables["curves"], empty.tables["checks"], empty.run_row, empty.progress_log) == ([], [], [], None, [])
 
 
 @pytest.mark.slow
@@ -155,14 +155,14 @@ def test_a_crashed_two_worker_run_resumes_from_rank0s_checkpoint(tmp_path, one_w
     assert torch.load(ckpt / "checkpoint.pt", weights_only=False)["step"] == 8
     # the restart: every rank resumes from the checkpoint; rank 0's sink keeps the rows up to step 8
     sink = crashed["sink"]
-    ctx_rows = (sink.metric_rows, sink.curve_rows)
+    ctx_rows = (sink.tables["metrics"], sink.tables["curves"])
     resumed = run_workers(tmp_path / "b", cfg, checkpoint_dir=ckpt)[0]["sink"]
-    assert min(r["step"] for r in resumed.curve_rows) == 9  # nothing before the checkpoint is repeated
-    curves = [r for r in ctx_rows[1] if r["step"] <= 8] + resumed.curve_rows
-    metrics = [r for r in ctx_rows[0] if r["step"] <= 8] + resumed.metric_rows
+    assert min(r["step"] for r in resumed.tables["curves"]) == 9  # nothing before the checkpoint is repeated
+    curves = [r for r in ctx_rows[1] if r["step"] <= 8] + resumed.tables["curves"]
+    metrics = [r for r in ctx_rows[0] if r["step"] <= 8] + resumed.tables["metrics"]
     no_speed = lambda rows: [{**r, "tokens_per_s": None} for r in rows]  # noqa: E731
-    assert_rows_close(no_speed(curves), no_speed(one_worker.curve_rows), CURVE_VALUES)
-    assert_rows_close(metrics, one_worker.metric_rows, METRIC_VALUES)
+    assert_rows_close(no_speed(curves), no_speed(one_worker.tables["curves"]), CURVE_VALUES)
+    assert_rows_close(metrics, one_worker.tables["metrics"], METRIC_VALUES)
 
 
 # ---- FSDP2: sharded parameters and optimiser state ---------------------------------------------
@@ -180,15 +180,15 @@ def test_fsdp_workers_train_shards_and_follow_the_one_worker_trajectory(tmp_path
             assert local == ((shape[0] + 1) // 2 if r == 0 else shape[0] // 2, *shape[1:]), (r, name, shape, local)
     sink = rank0["sink"]
     no_speed = lambda rows: [{**r, "tokens_per_s": None} for r in rows]  # noqa: E731
-    assert_rows_close(no_speed(sink.curve_rows), no_speed(one_worker.curve_rows), CURVE_VALUES)
-    assert_rows_close(sink.metric_rows, one_worker.metric_rows, METRIC_VALUES)
+    assert_rows_close(no_speed(sink.tables["curves"]), no_speed(one_worker.tables["curves"]), CURVE_VALUES)
+    assert_rows_close(sink.tables["metrics"], one_worker.tables["metrics"], METRIC_VALUES)
     assert sink.run_row is not None and sink.run_row["steps"] == 12
     final = one_worker.final_state["model"]
     assert sink.final_state["model"].keys() == final.keys()
     for name, value in final.items():
         assert torch.allclose(sink.final_state["model"][name], value, rtol=BOUND, atol=1e-6), name
     empty = rank1["sink"]
-    assert (empty.metric_rows, empty.curve_rows, empty.run_row) == ([], [], None)
+    assert (empty.tables["metrics"], empty.tables["curves"], empty.run_row) == ([], [], None)
 
 
 @pytest.mark.slow
@@ -199,7 +199,7 @@ def test_fsdp_without_clipping_reads_the_one_worker_grad_norm(tmp_path):
     alone = MemorySink()
     train(cfg, alone)
     sink = run_workers(tmp_path, cfg, sharding="fsdp")[0]["sink"]
-    got, want = [r["grad_norm"] for r in sink.curve_rows], [r["grad_norm"] for r in alone.curve_rows]
+    got, want = [r["grad_norm"] for r in sink.tables["curves"]], [r["grad_norm"] for r in alone.tables["curves"]]
     assert len(got) == len(want) == 13 and want[0] is None
     assert got[1:] == pytest.approx(want[1:], rel=BOUND)
 
@@ -229,17 +229,17 @@ def test_an_fsdp_checkpoint_is_the_one_worker_format_and_resumes_under_fsdp_and_
     kept = crashed["sink"]
     no_speed = lambda rows: [{**r, "tokens_per_s": None} for r in rows]  # noqa: E731
     one = MemorySink()
-    one.metric_rows, one.curve_rows = list(kept.metric_rows), list(kept.curve_rows)
+    one.tables["metrics"], one.tables["curves"] = list(kept.tables["metrics"]), list(kept.tables["curves"])
     resumed = {"fsdp": run_workers(tmp_path / "b", cfg, checkpoint_dir=ckpt, sharding="fsdp")[0]["sink"],
                "one worker": one}
     train(cfg, one, checkpoint_dir=tmp_path / "ckpt1")  # the same file, resumed by a single process
     for how, sink in resumed.items():
-        after = [r for r in sink.curve_rows if r["step"] > 8]
+        after = [r for r in sink.tables["curves"] if r["step"] > 8]
         assert min(r["step"] for r in after) == 9, how
-        curves = [r for r in kept.curve_rows if r["step"] <= 8] + after
-        metrics = [r for r in kept.metric_rows if r["step"] <= 8] + [r for r in sink.metric_rows if r["step"] > 8]
-        assert_rows_close(no_speed(curves), no_speed(one_worker.curve_rows), CURVE_VALUES)
-        assert_rows_close(metrics, one_worker.metric_rows, METRIC_VALUES)
+        curves = [r for r in kept.tables["curves"] if r["step"] <= 8] + after
+        metrics = [r for r in kept.tables["metrics"] if r["step"] <= 8] + [r for r in sink.tables["metrics"] if r["step"] > 8]
+        assert_rows_close(no_speed(curves), no_speed(one_worker.tables["curves"]), CURVE_VALUES)
+        assert_rows_close(metrics, one_worker.tables["metrics"], METRIC_VALUES)
 
 
 def test_the_batch_must_split_evenly_over_workers():

@@ -51,8 +51,8 @@ def test_the_package_names_resolve_to_their_modules() -> None:
 
 def test_one_listing_rule_for_the_writer_and_the_reader(tmp_path: Path) -> None:
     store = ResultsStore(tmp_path, "s")
-    store.write_part("curves", "t1", [{"step": 1, "train_loss": 1.0}])
-    store.write_part("curves", "t1", [{"step": 2, "train_loss": 2.0}])
+    store.write_rows("curves", "t1", [{"step": 1, "train_loss": 1.0}])
+    store.write_rows("curves", "t1", [{"step": 2, "train_loss": 2.0}])
     curves = tmp_path / "s" / "curves"
     (curves / "trial=t2").mkdir()
     rows = pa.Table.from_pylist([{"trial_id": "t2", "step": 1, "train_loss": 3.0}], schema=ARROW["curves"])
@@ -73,7 +73,7 @@ def test_one_listing_rule_for_the_writer_and_the_reader(tmp_path: Path) -> None:
 
 def test_one_damaged_file_error_with_one_message(tmp_path: Path) -> None:
     store = ResultsStore(tmp_path, "s")
-    store.write_part("curves", "t1", [{"step": 1, "train_loss": 1.0}])
+    store.write_rows("curves", "t1", [{"step": 1, "train_loss": 1.0}])
     part = tmp_path / "s" / "curves" / "t1.000000001-000000001.parquet"
     part.write_bytes(part.read_bytes()[:-20])
     with pytest.raises(DamagedFile) as by_writer:

@@ -20,12 +20,12 @@ def test_parts_are_plain_parquet_globs(tmp_path):
     store = ResultsStore(tmp_path, "s")
     sink = store.sink("abc123")
     sink.begin(None)
-    sink.metrics(metric_rows([0, 10]))
-    sink.curves(curve_rows(range(1, 11)))
+    sink.rows("metrics", metric_rows([0, 10]))
+    sink.rows("curves", curve_rows(range(1, 11)))
     sink.flush(10)
-    sink.metrics(metric_rows([20]))
+    sink.rows("metrics", metric_rows([20]))
     sink.flush(20)
-    sink.checks([{"check": "rotate_residual_basis", "dtype": "float64", "value": 1e-12}])
+    sink.rows("checks", [{"check": "rotate_residual_basis", "dtype": "float64", "value": 1e-12}])
     sink.flush(20)
     sink.run({"trial_id": "abc123", "sweep": "s", "status": "done", "d_model": 8})
     metrics = pl.scan_parquet(str(tmp_path / "s" / "metrics" / "*.parquet")).collect()
@@ -42,13 +42,13 @@ def test_resume_discards_rows_after_the_checkpoint_exactly_once(tmp_path):
     store = ResultsStore(tmp_path, "s")
     sink = store.sink("t1")
     sink.begin(None)
-    sink.metrics(metric_rows([0, 10]))
+    sink.rows("metrics", metric_rows([0, 10]))
     sink.flush(10)                       # checkpoint at 10
-    sink.metrics(metric_rows([20]))
+    sink.rows("metrics", metric_rows([20]))
     sink.flush(20)                       # crash after the rows of 20, before its checkpoint
     resumed = store.sink("t1")
     resumed.begin(10)                    # restart from the checkpoint at 10
-    resumed.metrics(metric_rows([20, 30]))
+    resumed.rows("metrics", metric_rows([20, 30]))
     resumed.flush(30)
     steps = store.read("metrics").group_by("step").len().sort("step")
     assert steps.to_dicts() == [{"step": s, "len": 2} for s in (0, 10, 20, 30)]
@@ -71,7 +71,7 @@ def test_failed_trials_are_not_complete_and_statuses(tmp_path):
 def test_file_uri_is_the_local_folder(tmp_path):
     store = ResultsStore(f"file://{tmp_path}", "remote")
     assert store.local and store.trial_dir("x") == tmp_path / "remote" / "trials" / "x"
-    store.write_part("metrics", "x", metric_rows([0]))
+    store.write_rows("metrics", "x", metric_rows([0]))
     store.write_run({"trial_id": "x", "status": "done"})
     assert ResultsStore(tmp_path, "remote").read("metrics").height == 2
     assert store.completed_ids() == {"x"}

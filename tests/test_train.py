@@ -30,9 +30,9 @@ def test_smoke_train_every_variant(norm, rotation, optimizer):
     summary = train(tiny(norm=norm, rotation=rotation, optimizer=optimizer), sink)
     assert summary.status == "done" and summary.steps == 6
     assert math.isfinite(summary.final_val_loss) and summary.final_val_loss < math.log(256) + 0.5
-    steps = sorted({r["step"] for r in sink.metric_rows})
+    steps = sorted({r["step"] for r in sink.tables["metrics"]})
     assert steps == [0, 3, 6]
-    assert [r["step"] for r in sink.curve_rows] == list(range(0, 7))
+    assert [r["step"] for r in sink.tables["curves"]] == list(range(0, 7))
     assert sink.run_row["status"] == "done" and sink.run_row["norm"] == norm
 
 
@@ -47,9 +47,9 @@ def test_every_attention_trains_with_its_sink_rows_and_stays_invariant(attention
     summary = train(cfg, sink)
     assert summary.status == "done" and sink.run_row["attention"] == attention
     assert sink.run_row["params"] == cfg.params
-    rows = [r for r in sink.metric_rows if r["site"] == "attn" and r["basis"] == "heads"]
+    rows = [r for r in sink.tables["metrics"] if r["site"] == "attn" and r["basis"] == "heads"]
     assert len(rows) == 3 * 2 * 4  # evals (steps 0, 3, 6) x blocks x measures
-    assert abs(next(r["value"] for r in sink.check_rows if r["dtype"] == "float64")) < 1e-10
+    assert abs(next(r["value"] for r in sink.tables["checks"] if r["dtype"] == "float64")) < 1e-10
 
 
 @pytest.mark.parametrize("optimizer", BEYOND, ids=lambda o: o["name"])
@@ -57,7 +57,7 @@ def test_smoke_train_each_further_optimizer(optimizer):
     sink = MemorySink()
     summary = train(tiny(steps=12, norm="rmsnorm", rotation="shared", optimizer=optimizer), sink)
     assert summary.status == "done" and summary.steps == 12
-    assert summary.final_val_loss < sink.curve_rows[0]["val_loss"]  # it learned something
+    assert summary.final_val_loss < sink.tables["curves"][0]["val_loss"]  # it learned something
     assert sink.run_row["optimizer"] == optimizer["name"] and sink.run_row["optimizer_family"]
 
 
@@ -66,16 +66,16 @@ def test_rows_match_the_store_schema_and_loss_falls():
     cfg = tiny(steps=40, train={"steps": 40, "batch_size": 8, "eval_every": 20, "eval_batch": {"sequences": 2},
                                 "invariance_check": True})
     summary = train(cfg, sink)
-    first_val = sink.curve_rows[0]["val_loss"]
+    first_val = sink.tables["curves"][0]["val_loss"]
     assert summary.final_val_loss < first_val - 0.5
-    sites = {(r["site"], r["basis"]) for r in sink.metric_rows}
+    sites = {(r["site"], r["basis"]) for r in sink.tables["metrics"]}
     assert sites == {("resid", "stored"), ("resid", "random"), ("attn_in", "computation"), ("attn_in", "random"),
                      ("mlp_in", "computation"), ("mlp_in", "random"), ("mlp_act", "neuron"), ("model", "computation"),
                      ("model", "w8a8"), ("model", "w4a4"), ("attn", "heads"), ("attn", "uniform")}
-    assert {r["dtype"] for r in sink.check_rows} == {"float64", "float32", "bfloat16"}
+    assert {r["dtype"] for r in sink.tables["checks"]} == {"float64", "float32", "bfloat16"}
     assert sink.run_row["params"] == cfg.params and sink.run_row["tokens"] == 40 * 8 * 16
     # exactly one row per (step, layer, site, basis, metric)
-    keys = [(r["step"], r["layer"], r["site"], r["basis"], r["metric"]) for r in sink.metric_rows]
+    keys = [(r["step"], r["layer"], r["site"], r["basis"], r["metric"]) for r in sink.tables["metrics"]]
     assert len(keys) == len(set(keys))
 
 
@@ -100,13 +100,13 @@ def test_checkpoint_resume_gives_the_same_curve(tmp_path, eval_every):
     sink = CrashAt(8)
     with pytest.raises(StopTraining):
         train(cfg, sink, checkpoint_dir=tmp_path / "b")
-    sink.curve_rows.append({"step": 9, "train_loss": 123.0})  # a row past the checkpoint: must vanish
+    sink.tables["curves"].append({"step": 9, "train_loss": 123.0})  # a row past the checkpoint: must vanish
     sink.crash_step = None
     train(cfg, sink, checkpoint_dir=tmp_path / "b")
 
-    assert [r["step"] for r in sink.curve_rows] == list(range(13))
-    assert [r["train_loss"] for r in sink.curve_rows] == [r["train_loss"] for r in straight.curve_rows]
-    assert [r["value"] for r in sink.metric_rows] == [r["value"] for r in straight.metric_rows]
+    assert [r["step"] for r in sink.tables["curves"]] == list(range(13))
+    assert [r["train_loss"] for r in sink.tables["curves"]] == [r["train_loss"] for r in straight.tables["curves"]]
+    assert [r["value"] for r in sink.tables["metrics"]] == [r["value"] for r in straight.tables["metrics"]]
     assert sink.run_row["final_val_loss"] == straight.run_row["final_val_loss"]
 
 
@@ -124,7 +124,7 @@ def test_divergence_stops_early():
     sink = MemorySink()
     summary = train(cfg, sink)
     assert summary.status == "diverged" and summary.steps < 30
-    assert sink.run_row["status"] == "diverged" and sink.check_rows == []
+    assert sink.run_row["status"] == "diverged" and sink.tables["checks"] == []
 
 
 def test_lr_schedule_warmup_then_cosine_to_floor():
@@ -160,14 +160,14 @@ def test_quantisation_cost_at_the_final_eval_and_every_kth():
     sink = MemorySink()
     train(tiny(steps=12, train={"steps": 12, "batch_size": 4, "eval_every": 3, "eval_batch": {"sequences": 2},
                                 "checkpoint_every": 0, "invariance_check": False}), sink)
-    quant = [r for r in sink.metric_rows if r["metric"] == "quant_loss_delta"]
+    quant = [r for r in sink.tables["metrics"] if r["metric"] == "quant_loss_delta"]
     assert [(r["step"], r["layer"], r["site"], r["basis"]) for r in quant] == [(12, -1, "model", "w8a8"), (12, -1, "model", "w4a4")]
     d = {r["basis"]: r["value"] for r in quant}
     assert 0 < abs(d["w8a8"]) < abs(d["w4a4"]) and d["w4a4"] > 1e-3  # 4 bits cost more than 8
     sink = MemorySink()
     train(tiny(steps=12, train={"steps": 12, "batch_size": 4, "eval_every": 3, "eval_batch": {"sequences": 2},
                                 "checkpoint_every": 0, "invariance_check": False, "quant_every": 2}), sink)
-    assert sorted({r["step"] for r in sink.metric_rows if r["metric"] == "quant_loss_delta"}) == [0, 6, 12]
+    assert sorted({r["step"] for r in sink.tables["metrics"] if r["metric"] == "quant_loss_delta"}) == [0, 6, 12]
 
 
 def test_quantisation_cost_rides_in_the_evals_one_readback(readbacks):

@@ -32,12 +32,12 @@ for label in ("base", "twin"):
     T.train(cfg, sink)
     out[label] = sink
     Transformer.from_config = classmethod(orig)
-lb = [r["train_loss"] for r in out["base"].curve_rows if r["train_loss"] is not None]
-lt = [r["train_loss"] for r in out["twin"].curve_rows if r["train_loss"] is not None]
+lb = [r["train_loss"] for r in out["base"].tables["curves"] if r["train_loss"] is not None]
+lt = [r["train_loss"] for r in out["twin"].tables["curves"] if r["train_loss"] is not None]
 print("max loss gap over", len(lb), "steps:", max(abs(a - b) for a, b in zip(lb, lt)))
 key = lambda r: (r["step"], r["layer"], r["site"], r["basis"], r["metric"])
-b = {key(r): r["value"] for r in out["base"].metric_rows}
-t = {key(r): r["value"] for r in out["twin"].metric_rows}
+b = {key(r): r["value"] for r in out["base"].tables["metrics"]}
+t = {key(r): r["value"] for r in out["twin"].tables["metrics"]}
 for k in sorted(b):
     if k[0] == steps and k[2] in ("attn_in", "mlp_in") and k[3] == "computation" and k[4] == "kurtosis":
         print(k, round(b[k], 5), round(t[k], 5))
