@@ -4,14 +4,18 @@ The contract between the halves: the writer (`resultstore.writer`) writes with t
 schemas (`ARROW`), the reader (`resultstore.reader`, behind `analysis.load`) reads with the
 polars ones derived from them (`RUNS_SCHEMA` ...).
 
-A new runs column is added here, once; `study.train.run_row` fills it (a test checks that every
-key run_row writes is declared here). Identity columns: `trial_id` hashes the science config
+A new runs column is added here, once, with its role (`RUNS_COLUMNS`, `Role`: axis,
+hyper-parameter, label, outcome, ...), from which analysis derives its label and chart columns;
+`study.train.run_row` fills it (a test checks that every key run_row writes is declared here).
+An optimiser module declares its own hyper-parameter columns (`declare_runs_column`, through
+study/optim's registry), appended after these. Identity columns: `trial_id` hashes the science config
 (seed included); `config_id` hashes it without the seed (`resultstore.ids`), so seeds of one
 config share it and every seed aggregate groups by it.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Literal, get_args
 
 import polars as pl
@@ -22,15 +26,23 @@ __all__ = [
     "CHECKS_SCHEMA",
     "CURVES_SCHEMA",
     "DIMS_SCHEMA",
+    "FAMILY_MEANING",
     "FINISHED",
+    "HYPER_ORDER",
     "METRICS_SCHEMA",
+    "RUNS_COLUMNS",
     "RUNS_SCHEMA",
     "SAE_SCHEMA",
     "SCHEMAS",
     "STATUSES",
     "TABLES",
     "UNSUCCESSFUL",
+    "Family",
+    "Role",
     "Status",
+    "declare_runs_column",
+    "role_of",
+    "runs_columns",
 ]
 
 TABLES = ("runs", "metrics", "curves", "checks", "dims", "sae")
@@ -43,35 +55,99 @@ FINISHED: tuple[Status, ...] = ("done", "diverged")
 UNSUCCESSFUL: tuple[Status, ...] = ("failed", "diverged")
 """Statuses that make `sweep run` and `sweep status` exit 1."""
 
+
+class Role(StrEnum):
+    """What a runs column is, declared once with the column (`RUNS_COLUMNS`): analysis derives
+    its label, grouping and chart columns from these, sweep its progress labels."""
+
+    ID = "id"
+    """Who the trial is: trial_id, config_id, sweep."""
+    SHAPE = "shape"
+    """The model's shape (d_model, n_layers, n_heads, d_mlp): axes a label names first."""
+    SIZE = "size"
+    """Sizes derived from the shape (params, params_non_embedding, flops_per_token)."""
+    AXIS = "axis"
+    """A config choice a label names by its value: optimizer, norm, attention, rotation_label."""
+    HYPER = "hyper"
+    """An optimiser hyper-parameter (lr, momentum, ...; an optimiser module may declare its own:
+    `declare_runs_column`). Null where it does not apply to the trial's optimiser."""
+    LABEL = "label"
+    """A description of an axis's value, carried along with it (optimizer_family; the rotation
+    plan's mode, group_size, groups)."""
+    DETAIL = "detail"
+    """A config detail already spelled out in an axis's label, not carried on its own
+    (rotate_embeddings: rotation_label's `-noemb`)."""
+    DATA = "data"
+    """What the model reads and in what batches: corpus, seq_len, batch_size."""
+    SEED = "seed"
+    """The replicate: every seed aggregate averages over it."""
+    OUTCOME = "outcome"
+    """What the trial measured: status, tokens, losses, throughput, memory."""
+    PROVENANCE = "provenance"
+    """Where and what ran: device, versions, the corpus fingerprint, the error, the config."""
+
+
+class Family(StrEnum):
+    """The runs column `optimizer_family`: what trains every parameter that lives in the residual
+    basis (the one place these values are defined; study/optim's registry assigns them)."""
+
+    PER_COORDINATE = "per_coordinate"
+    ROTATION_EQUIVARIANT = "rotation_equivariant"
+    FIXED_RANDOM_BASIS = "fixed_random_basis"
+    ADAPTIVE_BASIS = "adaptive_basis"
+    MIXED = "mixed"
+
+
+FAMILY_MEANING: dict[Family, str] = {
+    Family.PER_COORDINATE: "every parameter's update is per coordinate of the stored basis (adam, adafactor, lion, signsgd)",
+    Family.ROTATION_EQUIVARIANT: "rotating the basis rotates the whole run (sgd; muon with sgd ends)",
+    Family.FIXED_RANDOM_BASIS: "Adam in a fixed Haar-random basis per parameter (rotated_adam; muon with rotated_adam ends)",
+    Family.ADAPTIVE_BASIS: "Adam in Shampoo's eigenbasis (soap, with soap_vectors: shampoo or no per-coordinate gain vectors)",
+    Family.MIXED: ("some parameters in the residual basis per coordinate, the rest not: muon with adamw ends (embeddings, "
+                   "unembedding, gains), soap with layernorm/rmsnorm gains (trained by plain Adam)"),
+}
+"""Each family in words."""
+
 _S, _I, _F, _B = pa.string(), pa.int64(), pa.float64(), pa.bool_()
+_ID, _SHAPE, _SIZE, _AXIS, _HYPER, _LABEL = Role.ID, Role.SHAPE, Role.SIZE, Role.AXIS, Role.HYPER, Role.LABEL
+_DETAIL, _DATA, _SEED, _OUT, _PROV = Role.DETAIL, Role.DATA, Role.SEED, Role.OUTCOME, Role.PROVENANCE
+
+RUNS_COLUMNS: list[tuple[str, pa.DataType, Role]] = [
+    # identity
+    ("trial_id", _S, _ID), ("config_id", _S, _ID), ("sweep", _S, _ID), ("status", _S, _OUT),
+    # model shape and size
+    ("d_model", _I, _SHAPE), ("n_layers", _I, _SHAPE), ("n_heads", _I, _SHAPE), ("d_mlp", _I, _SHAPE),
+    ("params", _I, _SIZE), ("params_non_embedding", _I, _SIZE), ("flops_per_token", _F, _SIZE),
+    # optimiser
+    ("optimizer", _S, _AXIS), ("optimizer_family", _S, _LABEL), ("lr", _F, _HYPER), ("weight_decay", _F, _HYPER),
+    ("momentum", _F, _HYPER), ("eps", _F, _HYPER), ("beta1", _F, _HYPER), ("beta2", _F, _HYPER),
+    ("nesterov", _B, _HYPER), ("rotate", _S, _HYPER),
+    ("precondition_frequency", _I, _HYPER),
+    ("muon_ends", _S, _HYPER),
+    # norm, attention (study.attention's label; null in stores before it: softmax) and rotation plan
+    ("norm", _S, _AXIS), ("attention", _S, _AXIS), ("rotation", _S, _LABEL), ("group_size", _I, _LABEL),
+    ("rotation_groups", _S, _LABEL), ("rotation_label", _S, _AXIS),
+    ("rotate_embeddings", _B, _DETAIL),
+    # data and schedule
+    ("seed", _I, _SEED), ("corpus", _S, _DATA), ("seq_len", _I, _DATA), ("batch_size", _I, _DATA),
+    # results
+    ("tokens", _I, _OUT), ("steps", _I, _OUT),
+    ("final_train_loss", _F, _OUT), ("final_val_loss", _F, _OUT),
+    ("tokens_per_s", _F, _OUT), ("wall_s", _F, _OUT), ("mfu", _F, _OUT), ("peak_memory_bytes", _I, _OUT),
+    # where and what ran
+    ("device", _S, _PROV), ("node", _S, _PROV), ("torch_version", _S, _PROV), ("version", _S, _PROV),
+    ("git_sha", _S, _PROV), ("corpus_fingerprint", _S, _PROV), ("error", _S, _PROV), ("config_json", _S, _PROV),
+    ("device_detail", _S, _PROV),  # GPU name, CPU model, torch's CPU kernel path: results differ across them
+]  # fmt: skip
+"""The runs table: one row per trial, its columns in file order, each with its type and role.
+A column declared later (`declare_runs_column`) is appended, so earlier files keep their order."""
+
+HYPER_ORDER = ("lr", "momentum", "nesterov", "weight_decay", "eps", "beta1", "beta2", "rotate")
+"""The order labels and report tables name these hyper-parameters in (as they have since the first
+stores); every other HYPER column follows them, in column order."""
 
 ARROW: dict[str, pa.Schema] = {
-    "runs": pa.schema([
-        # identity
-        ("trial_id", _S), ("config_id", _S), ("sweep", _S), ("status", _S),
-        # model shape and size
-        ("d_model", _I), ("n_layers", _I), ("n_heads", _I), ("d_mlp", _I),
-        ("params", _I), ("params_non_embedding", _I), ("flops_per_token", _F),
-        # optimiser
-        ("optimizer", _S), ("optimizer_family", _S), ("lr", _F), ("weight_decay", _F),
-        ("momentum", _F), ("eps", _F), ("beta1", _F), ("beta2", _F), ("nesterov", _B), ("rotate", _S),
-        ("precondition_frequency", _I),
-        ("muon_ends", _S),
-        # norm, attention (study.attention's label; null in stores before it: softmax) and rotation plan
-        ("norm", _S), ("attention", _S), ("rotation", _S), ("group_size", _I), ("rotation_groups", _S),
-        ("rotation_label", _S),
-        ("rotate_embeddings", _B),
-        # data and schedule
-        ("seed", _I), ("corpus", _S), ("seq_len", _I), ("batch_size", _I),
-        # results
-        ("tokens", _I), ("steps", _I),
-        ("final_train_loss", _F), ("final_val_loss", _F),
-        ("tokens_per_s", _F), ("wall_s", _F), ("mfu", _F), ("peak_memory_bytes", _I),
-        # where and what ran
-        ("device", _S), ("node", _S), ("torch_version", _S), ("version", _S),
-        ("git_sha", _S), ("corpus_fingerprint", _S), ("error", _S), ("config_json", _S),
-        ("device_detail", _S),  # GPU name, CPU model, torch's CPU kernel path: results differ across them
-    ]),
+    "runs": pa.schema([(name, kind) for name, kind, _ in RUNS_COLUMNS]),
     "metrics": pa.schema([
         ("trial_id", _S), ("step", _I), ("tokens", _I), ("layer", _I),
         ("site", _S), ("basis", _S), ("metric", _S), ("value", _F),
@@ -137,3 +213,38 @@ CURVES_SCHEMA = SCHEMAS["curves"]
 CHECKS_SCHEMA = SCHEMAS["checks"]
 DIMS_SCHEMA = SCHEMAS["dims"]
 SAE_SCHEMA = SCHEMAS["sae"]
+
+_ROLES: dict[str, Role] = {name: role for name, _, role in RUNS_COLUMNS}
+_KINDS = {"string": _S, "int": _I, "float": _F, "bool": _B}
+
+
+def role_of(column: str) -> Role | None:
+    """A runs column's role; None for a name the runs table does not declare."""
+    return _ROLES.get(column)
+
+
+def runs_columns(*roles: Role) -> tuple[str, ...]:
+    """The runs columns of these roles (every one without), in file order; HYPER columns in
+    `HYPER_ORDER` first. Read at call time: a column declared later counts too."""
+    named = tuple(c for c, r in _ROLES.items() if not roles or r in roles)
+    if roles != (Role.HYPER,):
+        return named
+    return (*(c for c in HYPER_ORDER if c in named), *(c for c in named if c not in HYPER_ORDER))
+
+
+def declare_runs_column(name: str, kind: str, role: Role = Role.HYPER) -> None:
+    """Add a runs column (appended: files written before it keep their order) of this `kind`
+    (string, int, float or bool), e.g. an optimiser's own hyper-parameter: the writer writes it,
+    the reader reads it, analysis labels and charts it by its role. Declaring a column again with
+    the same type and role does nothing; with another, or a name the table has, is an error."""
+    if kind not in _KINDS:
+        raise ValueError(f"runs column {name!r}: kind {kind!r} is not one of {list(_KINDS)}")
+    if name in _ROLES:
+        if ARROW["runs"].field(name).type == _KINDS[kind] and _ROLES[name] == role:
+            return
+        raise ValueError(f"runs column {name!r} is declared already ({_ROLES[name].value}, "
+                         f"{ARROW['runs'].field(name).type})")
+    RUNS_COLUMNS.append((name, _KINDS[kind], role))
+    _ROLES[name] = role
+    ARROW["runs"] = ARROW["runs"].append(pa.field(name, _KINDS[kind]))
+    RUNS_SCHEMA[name] = _POLARS[_KINDS[kind]]  # SCHEMAS["runs"] is this dict

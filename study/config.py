@@ -1,7 +1,8 @@
 """TrialConfig: everything that defines one trial, typed, frozen and JSON round-trippable.
 
 Choices are strings (`Literal[...]`) mapped to classes in one place each (model.NORMS, the
-optimiser registry in study/optim/, rotation.build_plan). `trial_id` hashes the canonical JSON
+optimiser registry in study/optim/, rotation.build_plan). The optimiser's config is its own
+module's class (`OptimizerConfig` chooses it by name: study/optim/registry.py). `trial_id` hashes the canonical JSON
 of the fields that change a result; `runtime` (device, threads, compile) is excluded.
 """
 
@@ -12,12 +13,12 @@ import json
 import math
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, SerializeAsAny, model_validator
 
 from resultstore.ids import canonical_json, digest, science_hash
 from study.attention import AttentionConfig
 from study.frozen import INT64_MAX, FieldError, _Frozen, string_is, without_new_defaults  # noqa: F401  (re-exported)
-from study.optim.registry import OPTIMIZERS, optimizer_family, optimizer_names, runs_columns
+from study.optim.registry import OPTIMIZERS, OptimizerConfig, optimizer_family, optimizer_names, runs_columns
 
 __all__ = [
     "NormName", "OptimizerName", "RotationMode", "INT64_MAX", "FieldError", "without_new_defaults",
@@ -126,78 +127,6 @@ class RotationConfig(_Frozen):
         if self.ends == "group":
             return label + "-groupends"
         return label if self.embeddings else label + "-noemb"
-
-
-class OptimizerConfig(_Frozen):
-    """Optimiser and its hyper-parameters (fields that do not apply are ignored)."""
-
-    name: OptimizerName
-    """adam (AdamW), sgd (momentum), rotated_adam (Adam moments in a fixed random basis), soap
-    (Adam in Shampoo's eigenbasis), muon (orthogonalised momentum on hidden matrices, AdamW on
-    the rest), adafactor (factored second moments), lion, signsgd (sign of a momentum)."""
-    lr: float = Field(gt=0)
-    """Peak learning rate."""
-    betas: tuple[float, float] = (0.9, 0.95)
-    """Adam moment decay rates (adam, rotated_adam, soap, muon's AdamW part); lion: the
-    interpolation rate of the update and the momentum's decay rate."""
-    eps: float = Field(default=1e-8, gt=0)
-    """Adam denominator epsilon."""
-    weight_decay: float = Field(default=0.0, ge=0)
-    """Decoupled weight decay (AdamW style for every optimiser but sgd), on ndim >= 2 only."""
-    momentum: float = Field(default=0.9, ge=0, lt=1)
-    """SGD momentum; signsgd: the decay rate of the momentum whose sign is the update."""
-    nesterov: bool = False
-    """SGD Nesterov momentum."""
-    rotate: Literal["all", "residual"] = "residual"
-    """rotated_adam: rotate every dimension, or only those of size d_model."""
-    precondition_frequency: int = Field(default=10, gt=0)
-    """soap: steps between recomputations of the eigenbasis (and at the first step)."""
-    shampoo_beta: float = Field(default=0.95, ge=0, lt=1)
-    """soap: decay rate of Shampoo's factors L = E[G G^T], R = E[G^T G]."""
-    max_precond_dim: int = Field(default=4096, gt=0)
-    """soap: matrix sides longer than this are not preconditioned (identity basis there)."""
-    soap_vectors: Literal["adam", "shampoo"] = "adam"
-    """soap: gain and bias vectors by plain Adam, per coordinate (the reference's default; with
-    layernorm/rmsnorm the run's family is `mixed`), or in the eigenbasis of E[g g^T], one-sided
-    as a 1 x n matrix (the reference's precondition_1d; family adaptive_basis)."""
-    muon_momentum: float = Field(default=0.95, ge=0, lt=1)
-    """muon: Nesterov momentum of the orthogonalised matrices."""
-    muon_lr_ratio: float = Field(default=1.0, gt=0)
-    """muon: the matrices' peak lr as a multiple of lr (1 under match_rms_adamw, where Muon
-    reuses AdamW's lr; about 7 under original)."""
-    muon_adjust_lr: Literal["match_rms_adamw", "original"] = "match_rms_adamw"
-    """muon: per-shape lr scale: 0.2 sqrt(max(out, in)) (Moonshot) or sqrt(max(1, out/in)) (Keller)."""
-    muon_exclude: tuple[str, ...] = ("tok_emb.*", "pos_emb.*", "unembed.*")
-    """muon: name globs of matrices that the ends' optimiser (muon_ends) trains instead
-    (embeddings, unembedding); vectors and scalars always go to it."""
-    muon_ends: Literal["adamw", "sgd", "rotated_adam"] = "adamw"
-    """muon: what trains every parameter Muon does not orthogonalise (embeddings, unembedding,
-    gains): adamw (per coordinate: the run's family is `mixed`), sgd (momentum, nesterov, as the
-    sgd fields: the whole run is rotation-equivariant), rotated_adam (rotate "residual", as
-    its fields: a fixed random basis)."""
-    muon_ends_lr_ratio: float = Field(default=1.0, gt=0)
-    """muon: the ends' peak lr as a multiple of lr. Needed for sgd ends, whose good lr is an
-    SGD's (the tests' 0.1), not Adam's (1e-3 to 1e-2): about 10 to 100 there."""
-
-    id_optional: ClassVar[tuple[str, ...]] = ("muon_ends", "muon_ends_lr_ratio", "soap_vectors")
-
-    @model_validator(mode="after")
-    def _check_betas(self) -> OptimizerConfig:
-        if not all(0 <= b < 1 for b in self.betas):
-            raise FieldError("betas", f"betas must lie in [0, 1), got {list(self.betas)}")
-        if self.nesterov and self.momentum == 0:
-            raise FieldError("nesterov", "nesterov needs momentum > 0")
-        return self
-
-    @field_validator("*")
-    @classmethod
-    def _optimizer_checks(cls, value: Any, info: ValidationInfo) -> Any:
-        """The named optimiser's own check of this field (its registry entry's field_checks)."""
-        entry = OPTIMIZERS.get(info.data.get("name"))
-        check = entry.field_checks.get(info.field_name) if entry else None
-        if check is not None:
-            check(value)
-        return value
 
 
 class DataConfig(_Frozen):
@@ -321,8 +250,8 @@ class TrialConfig(_Frozen):
     """The attention every block computes (study.attention): softmax, softmax1, kv_bias, gated, clipped."""
     rotation: RotationConfig = RotationConfig()
     """Rotation plan between the residual stream and each layer's computation basis."""
-    optimizer: OptimizerConfig
-    """Optimiser and hyper-parameters."""
+    optimizer: SerializeAsAny[OptimizerConfig]
+    """Optimiser and hyper-parameters: the named optimiser's config class (study/optim/)."""
     data: DataConfig = DataConfig()
     """Corpus and context length."""
     train: TrainConfig
@@ -453,7 +382,7 @@ class TrialConfig(_Frozen):
             "params": self.params, "params_non_embedding": self.params_non_embedding,
             "flops_per_token": self.flops_per_token,
             "optimizer": o.name, "optimizer_family": optimizer_family(o, self.norm), "lr": o.lr, "weight_decay": o.weight_decay,
-            **runs_columns(o),  # momentum .. muon_ends, as the optimiser's registry entry fills them
+            **runs_columns(o),  # momentum .. muon_ends, as the optimiser's config fills them
             "norm": self.norm, "attention": self.attention.label, "rotation": self.rotation.mode,
             "group_size": self.rotation.group_size,
             "rotation_groups": (json.dumps([list(g) for g in self.rotation.groups], separators=(",", ":"))

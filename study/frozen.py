@@ -56,6 +56,10 @@ class _Frozen(BaseModel):
     """Fields added after trials were stored: left out of the ids (and of config_json) while they
     hold their default, so every trial_id and config_id stored before them stays what it was.
     A new field of a config class is listed here (tests/test_config.py holds golden ids)."""
+    id_fill: ClassVar[dict[str, Any]] = {}
+    """Keys the ids (and config_json) hold at these values when the class has no such field: a
+    field that moved to another class stays in every id it was hashed into (the optimisers'
+    classes fill in the old flat optimiser config's fields, study.optim.registry.ID_FIELDS)."""
 
     @field_validator("*", mode="before")
     @classmethod
@@ -70,12 +74,14 @@ class _Frozen(BaseModel):
 
 
 def without_new_defaults(cfg: _Frozen, payload: dict) -> dict:
-    """`payload` (cfg's JSON dump) without the `id_optional` fields that hold their default, at
-    every level. Modifies and returns `payload`."""
+    """`payload` (cfg's JSON dump) without the `id_optional` fields that hold their default and
+    with the `id_fill` keys it lacks, at every level. Modifies and returns `payload`."""
     fields = type(cfg).model_fields
     for name in type(cfg).id_optional:
         if name in payload and getattr(cfg, name) == fields[name].default:
             del payload[name]
+    for name, value in type(cfg).id_fill.items():
+        payload.setdefault(name, value)
     for name in fields:
         value = getattr(cfg, name)
         if isinstance(value, _Frozen) and isinstance(payload.get(name), dict):

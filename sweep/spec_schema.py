@@ -3,18 +3,20 @@ its ladders, the size rules, resources). Values only; sweep.spec reads and check
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import re
 import typing
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SerializeAsAny, field_validator, model_validator
 
 from study.attention import AttentionConfig
 from study.config import (
     DataConfig, FieldError, ModelConfig, NormName, OptimizerConfig, RotationConfig, TrainConfig, _Frozen,
 )
+from study.optim.registry import OPTIMIZERS
 
 __all__ = [
     "MAX_GPUS_PER_TRIAL", "BatchScaling", "Grid", "LrScaling", "OptimizerEntry", "ResourceOverride", "Resources",
@@ -30,8 +32,9 @@ class _Spec(_Frozen):
 
 
 def _tuple_valued(field: str) -> bool:
-    info = OptimizerConfig.model_fields.get(field)
-    return info is not None and typing.get_origin(info.annotation) in (tuple, list)
+    """Is `field` a tuple (betas) for any optimiser that has it?"""
+    infos = [e.config.model_fields[field] for e in OPTIMIZERS.values() if field in e.config.model_fields]
+    return any(typing.get_origin(info.annotation) in (tuple, list) for info in infos)
 
 
 def expand_ladders(entries: Any) -> tuple[Any, list[tuple[int, dict[str, int]]]]:
@@ -134,14 +137,26 @@ class TrainSpec(TrainConfig):
 
 
 class OptimizerEntry(OptimizerConfig):
-    """A grid optimizer entry: an OptimizerConfig, plus an optional lr rule over model size."""
+    """A grid optimizer entry: the named optimiser's config, plus an optional lr rule over model
+    size (validating against this class gives the named optimiser's entry class)."""
 
+    chooses_by_name: ClassVar[bool] = True
     lr_scaling: LrScaling | None = None
     """{reference_params: N0, exponent: b}: the trial's lr is lr x (params_non_embedding / N0) ** b."""
 
+    @classmethod
+    def chosen(cls, config: type[OptimizerConfig]) -> type[OptimizerConfig]:
+        return _entry_class(config)
+
     def plain(self) -> OptimizerConfig:
-        """The OptimizerConfig without the rule (lr as written, at the reference size)."""
+        """The optimiser's config without the rule (lr as written, at the reference size)."""
         return OptimizerConfig.model_validate(self.model_dump(exclude={"lr_scaling"}))
+
+
+@functools.cache
+def _entry_class(config: type[OptimizerConfig]) -> type[OptimizerEntry]:
+    """`config` with the entry's lr rule: e.g. AdamConfigEntry(AdamConfig, OptimizerEntry)."""
+    return type(f"{config.__name__}Entry", (config, OptimizerEntry), {"__module__": __name__, "__doc__": config.__doc__})
 
 
 class Grid(_Spec):
@@ -149,7 +164,7 @@ class Grid(_Spec):
 
     model: list[ModelConfig] = Field(min_length=1)
     """Model shapes: {depth: n} or {d_model, n_layers, n_heads, d_mlp}."""
-    optimizer: list[OptimizerEntry] = Field(min_length=1)
+    optimizer: list[SerializeAsAny[OptimizerEntry]] = Field(min_length=1)
     """Optimisers with their hyper-parameters. Any field may be a list, a ladder: `{name: sgd,
     lr: [0.1, 0.3, 1.0]}` is three grid points; for betas, a list of pairs. Several ladders in
     one entry give their cartesian product. `lr_scaling` moves the lr with model size

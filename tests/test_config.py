@@ -1,3 +1,5 @@
+import json
+
 import pytest
 from pydantic import ValidationError
 
@@ -109,7 +111,7 @@ def test_cross_field_errors_name_their_field():
     assert err["ctx"]["error"].loc == ("train", "eval_batch", "seq_len")
 
 
-def test_every_optimizer_has_a_family_and_muon_exclude_only_binds_muon():
+def test_every_optimizer_has_a_family_and_muon_exclude_is_muons_alone():
     from typing import get_args
 
     from study.config import OptimizerConfig, OptimizerName
@@ -119,9 +121,26 @@ def test_every_optimizer_has_a_family_and_muon_exclude_only_binds_muon():
     assert set(OPTIMIZER_FAMILY) == set(get_args(OptimizerName))
     assert set(OPTIMIZER_FAMILY.values()) | set(MUON_ENDS_FAMILY.values()) | {"mixed"} == set(FAMILIES)
     assert set(FAMILIES) == {"per_coordinate", "rotation_equivariant", "fixed_random_basis", "adaptive_basis", "mixed"}
-    assert OptimizerConfig(name="adam", lr=1e-3, muon_exclude=["*"]).muon_exclude == ("*",)  # ignored there
-    assert OptimizerConfig(name="muon", lr=1e-3, muon_exclude=["blocks.*.attn.*"]).name == "muon"  # MLPs remain
+    with pytest.raises(ValidationError) as info:  # not adam's: refused at its place, not ignored
+        make(optimizer={"name": "adam", "lr": 1e-3, "muon_exclude": ["*"]})
+    (err,) = info.value.errors()
+    assert err["loc"] == ("optimizer", "muon_exclude") and err["msg"].startswith("muon_exclude does not apply to adam")
+    muon = OptimizerConfig.model_validate({"name": "muon", "lr": 1e-3, "muon_exclude": ["blocks.*.attn.*"]})
+    assert muon.name == "muon"  # MLPs remain
 
+
+def test_each_optimizer_takes_its_own_fields_and_reads_stored_configs_back():
+    """A field another optimiser has is refused by name; the old flat config's fields at the
+    value every stored config_json holds are read and dropped, and written back into the JSON."""
+    with pytest.raises(ValidationError) as info:
+        make(optimizer={"name": "sgd", "lr": 0.1, "betas": [0.8, 0.9], "lrr": 1})
+    assert [(e["loc"], e["msg"].split(" (")[0]) for e in info.value.errors()] == [
+        (("optimizer", "betas"), "betas does not apply to sgd"), (("optimizer", "lrr"), "unknown key")]
+    assert "(expected one of: name, lr, weight_decay, momentum, nesterov)" in info.value.errors()[0]["msg"]
+    adam = make(optimizer={"name": "adam", "lr": 1e-3, "momentum": 0.9, "muon_ends": "adamw"})  # old defaults
+    assert adam == make() and not hasattr(adam.optimizer, "momentum")
+    assert json.loads(adam.config_json())["optimizer"]["momentum"] == 0.9
+    assert TrialConfig.model_validate_json(adam.config_json()) == adam
 
 def test_ids_are_golden():
     # Stored trials keep their ids: a new config field must be listed in its class's
@@ -134,11 +153,13 @@ def test_ids_are_golden():
 
 
 def test_a_new_field_at_its_default_leaves_the_ids_alone(monkeypatch):
-    from study.config import OptimizerConfig
+    from study.optim.adam import AdamConfig
+    from study.optim.registry import ID_FIELDS
 
     cfg = make(optimizer={"name": "adam", "lr": 1e-3, "eps": 1e-6})
     ids = (cfg.trial_id, cfg.config_id)
-    monkeypatch.setattr(OptimizerConfig, "id_optional", (*OptimizerConfig.id_optional, "eps"))
+    monkeypatch.setattr(AdamConfig, "id_optional", (*AdamConfig.id_optional, "eps"))
+    monkeypatch.setattr(AdamConfig, "id_fill", {k: v for k, v in ID_FIELDS.items() if k != "eps"})
     at_default = make()
     assert make(optimizer={"name": "adam", "lr": 1e-3, "eps": 1e-6}).trial_id == ids[0]  # not at its default: hashed
     assert '"eps"' not in at_default.science_json() and '"eps"' not in at_default.config_json()

@@ -3,6 +3,7 @@ table, the config loads it without torch, and a new optimiser is one module in s
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -17,7 +18,11 @@ from analysis.charts.style import FAMILY_ORDER
 from analysis.load import RUNS_SCHEMA
 from study.config import OptimizerConfig, OptimizerName, TrialConfig
 from study.optim import OPTIMIZER_FAMILY
-from study.optim.registry import FAMILIES, OPTIMIZER_COLUMNS, OPTIMIZERS, Optimizer, optimizer_names, register
+from study.optim.registry import (
+    FAMILIES, ID_FIELDS, OPTIMIZERS, Optimizer, optimizer_columns, optimizer_names, register,
+)
+
+OPTIMIZER_COLUMNS = optimizer_columns()
 from synthetic_store import FAMILIES as SYNTHETIC_FAMILIES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,14 +41,27 @@ def test_names_are_the_configs_in_a_fixed_order():
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
-def test_an_entry_reads_config_fields_and_fills_runs_columns(name):
+def test_an_entry_has_its_own_config_class_and_fills_runs_columns(name):
     entry = OPTIMIZERS[name]
-    assert set(entry.reads) <= set(OptimizerConfig.model_fields) - {"name", "lr"}
-    assert set(entry.field_checks) <= set(OptimizerConfig.model_fields)
+    config = OptimizerConfig.model_validate({"name": name, "lr": 1e-3})
+    assert type(config) is entry.config and config.name == name
     row = TrialConfig(model={"depth": 1}, optimizer={"name": name, "lr": 1e-3}, train={"steps": 1}).flat()
-    assert set(entry.columns(OptimizerConfig(name=name, lr=1e-3)) if entry.columns else ()) <= set(OPTIMIZER_COLUMNS)
+    assert set(config.runs_columns()) <= {*OPTIMIZER_COLUMNS, "lr", "weight_decay"}
     assert [c for c in list(RUNS_SCHEMA) if c in OPTIMIZER_COLUMNS] == list(OPTIMIZER_COLUMNS)  # the store's order
     assert set(row) <= set(list(RUNS_SCHEMA)) and row["optimizer_family"] in FAMILIES
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_a_field_of_the_old_flat_config_keeps_its_default_so_ids_stay(name):
+    """Every id hashes the old flat config's fields (ID_FIELDS): a class that has one must default
+    to the same value, and a JSON dump of the class holds every one it lacks at that value."""
+    config = OPTIMIZERS[name].config
+    for field, info in config.model_fields.items():
+        if field in ID_FIELDS:
+            default = list(info.default) if isinstance(info.default, tuple) else info.default
+            assert default == ID_FIELDS[field], (name, field)
+    cfg = TrialConfig(model={"depth": 1}, optimizer={"name": name, "lr": 1e-3}, train={"steps": 1})
+    assert set(ID_FIELDS) <= set(json.loads(cfg.config_json())["optimizer"])
 
 
 @pytest.mark.parametrize("name, columns", [
@@ -72,13 +90,16 @@ def test_an_entry_is_registered_once_with_a_known_family():
     with pytest.raises(ValueError, match="registered twice"):
         register(entry)
     with pytest.raises(ValueError, match="family 'rotation_invariant' is not one of"):
-        register(Optimizer("nadam", order=9, family="rotation_invariant", reads=(), build=entry.build))
+        register(Optimizer("nadam", order=9, family="rotation_invariant", config=entry.config, build=entry.build))
+    with pytest.raises(ValueError, match=r"its config's name must be Literal\['nadam'\]"):
+        register(Optimizer("nadam", order=9, family="per_coordinate", config=entry.config, build=entry.build))
     assert "nadam" not in OPTIMIZERS
 
 
 def test_the_config_and_its_checks_need_no_torch():
     code = ("import sys\nfrom study.config import OptimizerConfig\nfrom pydantic import ValidationError\n"
-            "try:\n    OptimizerConfig(name='muon', lr=1e-3, muon_exclude=['*'])\nexcept ValidationError as e:\n"
+            "try:\n    OptimizerConfig.model_validate(dict(name='muon', lr=1e-3, muon_exclude=['*']))\n"
+            "except ValidationError as e:\n"
             "    assert 'Muon needs at least one per block' in str(e), e\n"
             "else:\n    raise SystemExit('muon_exclude [*] was accepted')\n"
             "print(sorted(m for m in ('torch', 'ray') if m in sys.modules))")
@@ -90,7 +111,17 @@ def test_the_config_and_its_checks_need_no_torch():
 NADAM = '''
 """nadam: torch NAdam (Adam with Nesterov momentum), per coordinate."""
 
-from study.optim.registry import Optimizer, register
+from typing import Literal
+
+from pydantic import Field
+
+from study.optim.registry import Optimizer, OptimizerConfig, register
+
+
+class NAdamConfig(OptimizerConfig):
+    name: Literal["nadam"] = "nadam"
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = Field(default=1e-8, gt=0)
 
 
 def build(cfg, model):
@@ -103,7 +134,7 @@ def build(cfg, model):
                              weight_decay=o.weight_decay, decoupled_weight_decay=True)
 
 
-register(Optimizer("nadam", order=9, family="per_coordinate", reads=("betas", "eps", "weight_decay"), build=build))
+register(Optimizer("nadam", order=9, family="per_coordinate", config=NAdamConfig, build=build))
 '''
 
 

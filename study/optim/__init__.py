@@ -7,6 +7,9 @@ related ones, and every module here is loaded below, so a new optimiser is a new
   Shampoo's eigenbasis), muon.py (muon: Muon on hidden matrices, muon_ends on the rest),
 - sign.py (lion, signsgd).
 
+Each module defines its optimiser's config class (an OptimizerConfig subclass: its fields, their
+checks, its runs columns) and registers it with its builder.
+
 The update rules torch lacks are in rules/ (RotatedAdam, SOAP, Lion, MuonAdamW). Weight decay,
 for every optimiser, applies only to parameters with ndim >= 2 (nanoGPT's two groups), and
 every group's "lr" starts at the peak lr.
@@ -21,13 +24,12 @@ import importlib
 import pkgutil
 from typing import TYPE_CHECKING, Any
 
-from study.optim.registry import OPTIMIZERS, optimizer_names
+from study.optim.registry import OPTIMIZERS, Trial, optimizer_names
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from study.config import TrialConfig
     from study.optim.rules.groups import decay_groups, index_dims
     from study.optim.rules.lion import Lion
     from study.optim.rules.muon import MuonAdamW, muon_adamw
@@ -50,7 +52,7 @@ OPTIMIZER_FAMILY: dict[str, str] = {name: OPTIMIZERS[name].family for name in op
 vectors are trained by other rules, see `registry.optimizer_family`."""
 
 
-def build_optimizer(cfg: TrialConfig, model: nn.Module) -> torch.optim.Optimizer | MuonAdamW:
+def build_optimizer(cfg: Trial, model: nn.Module) -> torch.optim.Optimizer | MuonAdamW:
     """The optimiser named by cfg.optimizer.name, over `model`'s trainable parameters in two
     groups (weight decay on ndim >= 2 only; muon: its matrices, then the ends' two groups).
     Group "lr" starts at the peak lr."""

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
-from study.optim.registry import Optimizer, register
+from study.optim.registry import Optimizer, OptimizerConfig, Trial, register
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from study.config import TrialConfig
+
+__all__ = ["AdafactorConfig", "build"]
 
 
-__all__ = ["build"]
+class AdafactorConfig(OptimizerConfig):
+    """Adafactor: lr and weight decay only (torch's defaults for the rest)."""
+
+    name: Literal["adafactor"] = "adafactor"
 
 
-def build(cfg: TrialConfig, model: nn.Module):
+def build(cfg: Trial, model: nn.Module):
     import torch
 
     from study.optim.rules.groups import decay_groups
@@ -24,5 +28,5 @@ def build(cfg: TrialConfig, model: nn.Module):
     return torch.optim.Adafactor(decay_groups(model, o.weight_decay), lr=o.lr, weight_decay=o.weight_decay)
 
 
-register(Optimizer("adafactor", order=6, family="per_coordinate", reads=("weight_decay",), build=build,
+register(Optimizer("adafactor", order=6, family="per_coordinate", config=AdafactorConfig, build=build,
                    unshardable="its factored second moments average whole rows and columns of each matrix"))

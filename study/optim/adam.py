@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
-from study.optim.registry import Optimizer, register
+from pydantic import Field
+
+from study.optim.registry import Optimizer, OptimizerConfig, Trial, register
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from study.config import TrialConfig
+
+__all__ = ["AdamConfig", "build"]
 
 
-__all__ = ["build"]
+class AdamConfig(OptimizerConfig):
+    """AdamW."""
+
+    name: Literal["adam"] = "adam"
+    betas: tuple[float, float] = (0.9, 0.95)
+    """Moment decay rates."""
+    eps: float = Field(default=1e-8, gt=0)
+    """Denominator epsilon."""
 
 
-def build(cfg: TrialConfig, model: nn.Module):
+def build(cfg: Trial, model: nn.Module):
     import torch
 
     from study.optim.rules.groups import decay_groups
@@ -27,4 +37,4 @@ def build(cfg: TrialConfig, model: nn.Module):
                              weight_decay=o.weight_decay, fused=fused)
 
 
-register(Optimizer("adam", order=1, family="per_coordinate", reads=("betas", "eps", "weight_decay"), build=build))
+register(Optimizer("adam", order=1, family="per_coordinate", config=AdamConfig, build=build))

@@ -6,16 +6,17 @@ pure Muon) or RotatedAdam (rotate "residual"). rules.muon.MuonAdamW steps both a
 from __future__ import annotations
 
 import fnmatch
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from study.optim.registry import Optimizer, register
+from pydantic import Field, field_validator
+
+from study.optim.adam import AdamConfig
+from study.optim.registry import Optimizer, Trial, register
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from study.config import TrialConfig
-
-__all__ = ["HIDDEN_MATRICES", "MUON_ENDS_FAMILY"]
+__all__ = ["HIDDEN_MATRICES", "MUON_ENDS_FAMILY", "MuonConfig"]
 
 MUON_ENDS_FAMILY: dict[str, str] = {"adamw": "mixed", "sgd": "rotation_equivariant", "rotated_adam": "fixed_random_basis"}
 """muon's family by what trains its ends (muon_ends); its matrices are rotation-equivariant."""
@@ -27,7 +28,50 @@ muon_exclude must leave Muon at least one of them (checked without the model's d
 the spec loader can name the optimiser entry)."""
 
 
-def build(cfg: TrialConfig, model: nn.Module):
+class MuonConfig(AdamConfig):
+    """Muon on the hidden matrices; its ends (embeddings, unembedding, gains) by `muon_ends`, with
+    Adam's fields (betas, eps) for adamw or rotated_adam ends and SGD's (momentum, nesterov) for sgd."""
+
+    name: Literal["muon"] = "muon"  # type: ignore[assignment]
+    momentum: float = Field(default=0.9, ge=0, lt=1)
+    """The sgd ends' momentum."""
+    nesterov: bool = False
+    """The sgd ends' Nesterov momentum."""
+    muon_momentum: float = Field(default=0.95, ge=0, lt=1)
+    """Nesterov momentum of the orthogonalised matrices."""
+    muon_lr_ratio: float = Field(default=1.0, gt=0)
+    """The matrices' peak lr as a multiple of lr (1 under match_rms_adamw, where Muon reuses
+    AdamW's lr; about 7 under original)."""
+    muon_adjust_lr: Literal["match_rms_adamw", "original"] = "match_rms_adamw"
+    """Per-shape lr scale: 0.2 sqrt(max(out, in)) (Moonshot) or sqrt(max(1, out/in)) (Keller)."""
+    muon_exclude: tuple[str, ...] = ("tok_emb.*", "pos_emb.*", "unembed.*")
+    """Name globs of matrices that the ends' optimiser (muon_ends) trains instead (embeddings,
+    unembedding); vectors and scalars always go to it."""
+    muon_ends: Literal["adamw", "sgd", "rotated_adam"] = "adamw"
+    """What trains every parameter Muon does not orthogonalise (embeddings, unembedding, gains):
+    adamw (per coordinate: the run's family is `mixed`), sgd (momentum, nesterov, as the sgd
+    fields: the whole run is rotation-equivariant), rotated_adam (rotate "residual", as its
+    fields: a fixed random basis)."""
+    muon_ends_lr_ratio: float = Field(default=1.0, gt=0)
+    """The ends' peak lr as a multiple of lr. Needed for sgd ends, whose good lr is an SGD's (the
+    tests' 0.1), not Adam's (1e-3 to 1e-2): about 10 to 100 there."""
+
+    id_optional: ClassVar[tuple[str, ...]] = ("muon_ends", "muon_ends_lr_ratio")
+    column_fields: ClassVar[tuple[str, ...]] = ("betas", "muon_momentum")
+
+    @field_validator("muon_exclude")
+    @classmethod
+    def _leaves_a_matrix(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        keeps_a_matrix(value)
+        return value
+
+    def runs_columns(self) -> dict[str, Any]:
+        """Its momentum column is Muon's, and Muon's momentum is always Nesterov (momentum and
+        nesterov themselves only reach sgd ends)."""
+        return {**super().runs_columns(), "momentum": self.muon_momentum, "nesterov": True}
+
+
+def build(cfg: Trial, model: nn.Module):
     import torch
 
     from study.optim.rules.groups import index_dims
@@ -56,14 +100,7 @@ def keeps_a_matrix(exclude: tuple[str, ...]) -> None:
 
 
 register(Optimizer(
-    "muon", order=5, family="rotation_equivariant",
-    reads=("betas", "eps", "weight_decay", "momentum", "nesterov", "muon_momentum", "muon_lr_ratio", "muon_adjust_lr",
-           "muon_exclude", "muon_ends", "muon_ends_lr_ratio"),
-    build=build,
-    # its momentum column is Muon's, and Muon's momentum is always Nesterov (momentum and
-    # nesterov themselves only reach sgd ends)
-    columns=lambda o: {"momentum": o.muon_momentum, "nesterov": True},
+    "muon", order=5, family="rotation_equivariant", config=MuonConfig, build=build,
     family_for=lambda o, norm: MUON_ENDS_FAMILY[o.muon_ends],
-    field_checks={"muon_exclude": keeps_a_matrix},
     unshardable="its Newton-Schulz orthogonalisation needs whole matrices",
 ))

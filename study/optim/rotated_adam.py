@@ -3,22 +3,29 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
-from study.optim.registry import Optimizer, register
+from study.optim.adam import AdamConfig
+from study.optim.registry import Optimizer, Trial, register
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from study.config import TrialConfig
-
-__all__ = ["MAX_ROTATED_VOCAB", "build", "check_vocab"]
+__all__ = ["MAX_ROTATED_VOCAB", "RotatedAdamConfig", "build", "check_vocab"]
 
 MAX_ROTATED_VOCAB = 8192
 """rotate "all" turns the vocabulary dimension too: a V x V basis, refused above this V."""
 
 
-def build(cfg: TrialConfig, model: nn.Module):
+class RotatedAdamConfig(AdamConfig):
+    """AdamW with its moments in a fixed random basis: Adam's fields, and which dimensions turn."""
+
+    name: Literal["rotated_adam"] = "rotated_adam"  # type: ignore[assignment]
+    rotate: Literal["all", "residual"] = "residual"
+    """Rotate every dimension, or only those of size d_model."""
+
+
+def build(cfg: Trial, model: nn.Module):
     from study.optim.rules.groups import decay_groups, index_dims
     from study.optim.rules.rotated_adam import RotatedAdam
 
@@ -28,13 +35,13 @@ def build(cfg: TrialConfig, model: nn.Module):
                        index_dims=index_dims(model, cfg.vocab_size))
 
 
-def check_vocab(cfg: TrialConfig) -> tuple[str, str] | None:
+def check_vocab(cfg: Trial) -> tuple[str, str] | None:
     if cfg.optimizer.rotate == "all" and cfg.vocab_size > MAX_ROTATED_VOCAB:
         return "optimizer.rotate", (f"optimizer.rotate: 'all' would need a {cfg.vocab_size} x {cfg.vocab_size} basis; "
                                     "use 'residual' with a large vocabulary")
     return None
 
 
-register(Optimizer("rotated_adam", order=3, family="fixed_random_basis", reads=("betas", "eps", "weight_decay", "rotate"),
-                   build=build, trial_check=check_vocab,
+register(Optimizer("rotated_adam", order=3, family="fixed_random_basis", config=RotatedAdamConfig, build=build,
+                   trial_check=check_vocab,
                    unshardable="its moments live in a rotated basis that mixes every row and column of a matrix"))

@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
-from study.optim.registry import Optimizer, register
+from pydantic import Field
+
+from study.optim.registry import Optimizer, OptimizerConfig, Trial, register
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from study.config import TrialConfig
+
+__all__ = ["SGDConfig", "build"]
 
 
-__all__ = ["build"]
+class SGDConfig(OptimizerConfig):
+    """SGD with momentum; weight decay added to the gradient (torch's, not decoupled)."""
+
+    name: Literal["sgd"] = "sgd"
+    momentum: float = Field(default=0.9, ge=0, lt=1)
+    """Momentum."""
+    nesterov: bool = False
+    """Nesterov momentum."""
 
 
-def build(cfg: TrialConfig, model: nn.Module):
+def build(cfg: Trial, model: nn.Module):
     import torch
 
     from study.optim.rules.groups import decay_groups
@@ -25,5 +35,4 @@ def build(cfg: TrialConfig, model: nn.Module):
                            weight_decay=o.weight_decay)
 
 
-register(Optimizer("sgd", order=2, family="rotation_equivariant", reads=("momentum", "nesterov", "weight_decay"),
-                   build=build))
+register(Optimizer("sgd", order=2, family="rotation_equivariant", config=SGDConfig, build=build))

@@ -3,17 +3,33 @@ momentum, the sign of a momentum. Both move every coordinate by exactly lr."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
-from study.optim.registry import Optimizer, register
+from pydantic import Field
+
+from study.optim.registry import Optimizer, OptimizerConfig, Trial, register
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from study.config import TrialConfig
+
+__all__ = ["LionConfig", "SignSGDConfig", "build_lion", "build_signsgd"]
 
 
-__all__ = ["build_lion", "build_signsgd"]
+class LionConfig(OptimizerConfig):
+    """Lion."""
+
+    name: Literal["lion"] = "lion"
+    betas: tuple[float, float] = (0.9, 0.95)
+    """The interpolation rate of the update and the momentum's decay rate."""
+
+
+class SignSGDConfig(OptimizerConfig):
+    """signSGD with momentum: the sign of a momentum."""
+
+    name: Literal["signsgd"] = "signsgd"
+    momentum: float = Field(default=0.9, ge=0, lt=1)
+    """The decay rate of the momentum whose sign is the update."""
 
 
 def _lion(model: nn.Module, lr: float, betas: tuple[float, float], weight_decay: float):
@@ -23,15 +39,15 @@ def _lion(model: nn.Module, lr: float, betas: tuple[float, float], weight_decay:
     return Lion(decay_groups(model, weight_decay), lr=lr, betas=betas, weight_decay=weight_decay)
 
 
-def build_lion(cfg: TrialConfig, model: nn.Module):
+def build_lion(cfg: Trial, model: nn.Module):
     o = cfg.optimizer
     return _lion(model, o.lr, o.betas, o.weight_decay)
 
 
-def build_signsgd(cfg: TrialConfig, model: nn.Module):
+def build_signsgd(cfg: Trial, model: nn.Module):
     o = cfg.optimizer
     return _lion(model, o.lr, (o.momentum, o.momentum), o.weight_decay)
 
 
-register(Optimizer("lion", order=7, family="per_coordinate", reads=("betas", "weight_decay"), build=build_lion))
-register(Optimizer("signsgd", order=8, family="per_coordinate", reads=("momentum", "weight_decay"), build=build_signsgd))
+register(Optimizer("lion", order=7, family="per_coordinate", config=LionConfig, build=build_lion))
+register(Optimizer("signsgd", order=8, family="per_coordinate", config=SignSGDConfig, build=build_signsgd))
