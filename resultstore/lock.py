@@ -8,14 +8,11 @@ import socket
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from resultstore.layout import LOCK_FILE
-from resultstore.lock_object import MAX_LOCK_BYTES, lock_object
+from resultstore.lock_object import MAX_LOCK_BYTES, SweepFolder, lock_object
 from resultstore.uri import StorageError
-
-if TYPE_CHECKING:
-    from resultstore.writer import ResultsStore
 
 __all__ = ["LockHeld", "SweepLock", "parse_record", "pid_alive"]
 
@@ -67,7 +64,7 @@ class SweepLock:
 
     LEASE_S = 120.0
 
-    def __init__(self, store: ResultsStore, command: str = "sweep run"):
+    def __init__(self, store: SweepFolder, command: str = "sweep run"):
         self.store = store
         self.command = command
         self.path = f"{store.path}/{LOCK_FILE}"

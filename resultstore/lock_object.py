@@ -21,15 +21,28 @@ import os
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from resultstore import uri
 from resultstore.inputs import file_kind
 
-__all__ = ["MAX_LOCK_BYTES", "ConditionalLock", "LocalLock", "ReadBackLock", "Snapshot", "lock_object"]
+__all__ = ["MAX_LOCK_BYTES", "ConditionalLock", "LocalLock", "ReadBackLock", "Snapshot", "SweepFolder", "lock_object"]
 
 MAX_LOCK_BYTES = 64 << 10
 """A lock record is ~150 bytes; anything over this is not one (read no further)."""
+
+
+class SweepFolder(Protocol):
+    """Where a sweep's folder is, all the lock needs of a store (resultstore.writer.ResultsStore is one)."""
+
+    uri: str
+    """The folder as a path or URI, for messages."""
+    path: str
+    """The folder within `fs`."""
+    fs: Any
+    """Its pyarrow filesystem."""
+    local: bool
+    """A local path (not s3:// or gs://)."""
 
 
 @dataclass(frozen=True)
@@ -41,7 +54,7 @@ class Snapshot:
     kind: str = "a file"
 
 
-def lock_object(store: Any, path: str):
+def lock_object(store: SweepFolder, path: str):
     """The lock object at `path` (within store.fs) for the store's kind of storage."""
     if store.local:
         return LocalLock(path)
