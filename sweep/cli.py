@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from sweep.cli_store import SweepArg, open_store, refuse_damaged, sweep_folder
+from sweep.cli_store import SweepArg, open_store, refuse_damaged, sweep_folder, sweep_store
 from sweep.console import bad_input, duration, err, human, out, q, reason, refuse
 
 __all__ = ["app"]  # the typer app (the `sweep` console script); the rest serves its commands
@@ -230,12 +230,10 @@ def status(
     import polars as pl
 
     from resultstore.lock import SweepLock
-    from resultstore.writer import ResultsStore
     from sweep.launch import ladder_divergences, store_full
     from sweep.store_health import check, tune_errors
 
-    folder = sweep_folder(results)
-    store = ResultsStore.at(folder)
+    store = sweep_store(sweep_folder(results))
     health = check(store, rows=verify)
     st = health.status
     gaps = [] if st.damaged else health.problems
@@ -378,7 +376,7 @@ def report(
         raise bad_input(f"--primary: {exc}") from None
     folder = sweep_folder(results)
     refuse(output_problem("--out", out_dir))
-    refuse_damaged(folder, "report")
+    refuse_damaged(sweep_store(folder), "report")
     try:
         result = write_report(folder, out=out_dir, formats=fmts, primary=contrast,
                               on_progress=lambda m: out.print(f"  {m}", markup=False))
@@ -414,7 +412,7 @@ def query(
         raise bad_input(f"query: {exc}") from None
     folder = sweep_folder(results)
     refuse(output_problem("--out", out_file))
-    refuse_damaged(folder, "query", rows=False)  # a readable but incomplete store is a fair thing to query
+    refuse_damaged(sweep_store(folder), "query", rows=False)  # a readable but incomplete store is a fair thing to query
     try:
         frame = run_sql(load_results(folder), sql)
     except (pl.exceptions.PolarsError, ValueError, OSError) as exc:

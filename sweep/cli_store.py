@@ -9,7 +9,7 @@ import typer
 
 from sweep.console import bad_input, refuse
 
-__all__ = ["SweepArg", "open_store", "refuse_damaged", "sweep_folder"]
+__all__ = ["SweepArg", "open_store", "refuse_damaged", "sweep_folder", "sweep_store"]
 
 SweepArg = Annotated[str, typer.Argument(help="A sweep's results folder or URI (results/<name>, s3://bucket/study/<name>).",
                                          show_default=False)]
@@ -49,11 +49,16 @@ def open_store(results: str, sweep: str):
         raise bad_input(str(exc)) from None
 
 
-def refuse_damaged(folder: str, verb: str, *, rows: bool = True) -> None:
+def sweep_store(folder: str):
+    """The ResultsStore of the sweep folder `folder` (what sweep_folder resolved), to read."""
+    from resultstore.writer import ResultsStore
+
+    return ResultsStore.at(folder)
+
+
+def refuse_damaged(store, verb: str, *, rows: bool = True) -> None:
     """Exit 2 naming every problem of the store's health check (damaged files; with `rows`,
     incomplete trials too): `verb` would read damaged or incomplete data as whole."""
-    from resultstore.writer import ResultsStore
     from sweep.store_health import check
 
-    store = ResultsStore.at(folder)
     refuse(check(store, rows=rows).refusal(verb, store.uri))

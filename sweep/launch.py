@@ -278,7 +278,7 @@ def _bounded_concurrency(ray, demands: dict[str, dict[str, float]], max_concurre
 def run_sweep(
     spec: SweepSpec,
     trials: list[TrialConfig],
-    store: ResultsStore | str | Path,
+    store: ResultsStore,
     *,
     address: str | None = None,
     max_concurrent: int | None = None,
@@ -287,12 +287,9 @@ def run_sweep(
 ) -> SweepOutcome:
     """Run every trial of `trials` not yet complete in `store`, on a local or remote Ray.
     `store`: the sweep's ResultsStore, opened and checked writable by the caller (`sweep run`
-    does it once, at the CLI); a results root path or URI instead is opened and checked here.
-    `on_start(todo)` sees the trials about to run and may return Ray Tune callbacks."""
+    does it once, at the CLI: sweep.cli_store.open_store). `on_start(todo)` sees the trials
+    about to run and may return Ray Tune callbacks."""
     t0 = time.perf_counter()
-    if not isinstance(store, ResultsStore):
-        store = ResultsStore(store, spec.name)
-        store.check_writable()  # unreachable endpoint, missing bucket, bad credentials: before Ray starts
     with store.writing("sweep run") as notes:  # LockHeld (exit 2) when another writer holds this sweep
         for note in notes:
             print(f"warning: {note}", file=sys.stderr)

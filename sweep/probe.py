@@ -73,12 +73,11 @@ class ProbeOutcome:
     wall_s: float
 
 
-def plan_probe(store: ResultsStore | str, *, where: str | None = None, layers: list[int] | None = None, tokens: int = 16384,
+def plan_probe(store: ResultsStore, *, where: str | None = None, layers: list[int] | None = None, tokens: int = 16384,
                sae_optimizers: tuple[str, ...] = ("adam", "sgd"), sae_json: str | None = None) -> ProbePlan:
     """What `sweep probe sae` will do, or ProbeInputError naming the first problem. `store`: the
-    sweep's ResultsStore (`sweep probe sae` opens it once, at the CLI) or its folder's path or
-    URI. `layers` None: each trial's middle and last layer. Reads the store's runs and sae
-    tables, nothing else."""
+    sweep's ResultsStore (`sweep probe sae` opens it once, at the CLI). `layers` None: each
+    trial's middle and last layer. Reads the store's runs and sae tables, nothing else."""
     from study.config import TrialConfig
     from study.sae import SAE_OPTIMIZERS, SAEConfig
 
@@ -88,8 +87,6 @@ def plan_probe(store: ResultsStore | str, *, where: str | None = None, layers: l
     bad = [o for o in sae_optimizers if o not in SAE_OPTIMIZERS]
     if bad or not sae_optimizers:
         raise ProbeInputError(f"--sae-optimizers: {', '.join(bad) or 'none given'}: choose from {', '.join(SAE_OPTIMIZERS)}")
-    if not isinstance(store, ResultsStore):
-        store = ResultsStore.at(store)
     uri = store.uri
     runs = store.read("runs").filter(pl.col("status") == "done")
     if where:

@@ -323,7 +323,7 @@ def test_a_two_worker_trial_runs_as_a_torch_trainer_inside_tune_and_resumes_afte
     (cfg,) = expand(spec)
     folder = tmp_path / "r" / spec.name
     killer = KillOneTrainWorker(folder / "trials" / cfg.trial_id, folder / "curves")
-    outcome = run_sweep(spec, [cfg], tmp_path / "r")
+    outcome = run_sweep(spec, [cfg], ResultsStore(tmp_path / "r", spec.name))
     assert len(killer.killed) == 1, "no Ray Train worker was killed"
     assert outcome.failed == [] and outcome.missing == [], outcome
     assert killer.kept and all((folder / "curves" / n).stat().st_mtime_ns == t for n, t in killer.kept.items()), \
@@ -363,6 +363,7 @@ def test_multi_worker_trials_start_only_as_many_as_the_cluster_can_give_all_thei
 
 
 def test_resources_give_workers_per_size_and_refuse_what_cannot_run(tmp_path):
+    from resultstore.writer import ResultsStore
     from sweep.grid import expand
     from sweep.launch import run_sweep
     from sweep.spec import SpecError, parse_spec
@@ -385,7 +386,7 @@ def test_resources_give_workers_per_size_and_refuse_what_cannot_run(tmp_path):
     assert parse_spec({**SPEC, "resources": {"cpu": 1, "workers": 2, "sharding": "fsdp"}}).resources.sharding == "fsdp"
     too_big = parse_spec({**SPEC, "resources": {"cpu": 2, "workers": 4}})
     with pytest.raises(SpecError, match=r"needs cpu=8 gpu=0 \(all its workers\), but (this machine|the whole cluster) has cpu=2") as caught:
-        run_sweep(too_big, expand(too_big), tmp_path, num_cpus=2)
+        run_sweep(too_big, expand(too_big), ResultsStore(tmp_path, too_big.name), num_cpus=2)
     assert caught.value.loc == ("resources", "workers")
     assert not (tmp_path / "ddp" / "runs").exists()
 

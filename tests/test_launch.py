@@ -42,7 +42,7 @@ def files(folder):
 def test_sweep_end_to_end_rerun_and_new_seed(tmp_path, local_ray):
     spec = parse_spec(SPEC)
     trials = expand(spec)
-    outcome = run_sweep(spec, trials, tmp_path)
+    outcome = run_sweep(spec, trials, ResultsStore(tmp_path, spec.name))
     assert outcome.launched == 2 and outcome.failed == [] and outcome.missing == []
     folder = tmp_path / "e2e"
     runs = pl.scan_parquet(str(folder / "runs" / "*.parquet")).collect()
@@ -56,12 +56,12 @@ def test_sweep_end_to_end_rerun_and_new_seed(tmp_path, local_ray):
     assert all((folder / "trials" / t.trial_id / "config.json").exists() for t in trials)
 
     before = files(folder)
-    again = run_sweep(spec, trials, tmp_path)
+    again = run_sweep(spec, trials, ResultsStore(tmp_path, spec.name))
     assert again.launched == 0 and again.skipped == 2
     assert files(folder) == before  # nothing rewritten
 
     more = parse_spec({**SPEC, "grid": {**SPEC["grid"], "seed": [0, 1]}})
-    grown = run_sweep(more, expand(more), tmp_path)
+    grown = run_sweep(more, expand(more), ResultsStore(tmp_path, more.name))
     assert grown.launched == 2 and grown.skipped == 2
     assert {p: m for p, m in files(folder).items() if p in before} == before
     assert ResultsStore(tmp_path, "e2e").read("runs").height == 4
@@ -73,7 +73,7 @@ def test_sweep_train_and_sweep_run_give_the_same_rows(tmp_path, local_ray):
     (cfg,) = expand(spec)
     in_process = ResultsStore(tmp_path / "a", spec.name)
     train_trial(cfg, in_process, in_process.sink(cfg.trial_id))
-    run_sweep(spec, [cfg], tmp_path / "b")
+    run_sweep(spec, [cfg], ResultsStore(tmp_path / "b", spec.name))
     via_ray = ResultsStore(tmp_path / "b", spec.name)
     for table, drop in (("metrics", []), ("curves", ["tokens_per_s"]), ("checks", [])):
         a, b = in_process.read(table).drop(drop), via_ray.read(table).drop(drop)
@@ -89,7 +89,7 @@ def test_a_failing_trial_is_recorded_and_reported(tmp_path, local_ray):
     spec = parse_spec({**SPEC, "data": {"text": str(corpus), "seq_len": 16},
                        "grid": {**SPEC["grid"], "optimizer": [{"name": "adam", "lr": 3e-3}]}})
     corpus.unlink()  # validated, then gone by the time the trial starts
-    outcome = run_sweep(spec, expand(spec), tmp_path / "r")
+    outcome = run_sweep(spec, expand(spec), ResultsStore(tmp_path / "r", spec.name))
     assert len(outcome.failed) == 1
     runs = ResultsStore(tmp_path / "r", spec.name).read("runs")
     assert runs["status"].to_list() == ["failed"]
@@ -102,7 +102,7 @@ def test_relative_data_paths_mean_what_they_meant_where_sweep_run_started(tmp_pa
     monkeypatch.chdir(tmp_path)  # the driver's cwd; Tune starts each trial in a folder of its own
     spec = parse_spec({**SPEC, "data": {"text": "corpus.txt", "seq_len": 16},
                        "grid": {**SPEC["grid"], "optimizer": [{"name": "adam", "lr": 3e-3}]}})
-    outcome = run_sweep(spec, expand(spec), "r")
+    outcome = run_sweep(spec, expand(spec), ResultsStore("r", spec.name))
     assert outcome.failed == [] and outcome.missing == []
     assert ResultsStore(tmp_path / "r", spec.name).read("runs")["status"].to_list() == ["done"]
 
@@ -135,7 +135,7 @@ def test_sweep_run_exits_0_when_only_the_top_of_an_lr_ladder_diverges_and_1_when
 def test_resources_no_node_has_are_refused_before_anything_starts(tmp_path, local_ray):
     spec = parse_spec({**SPEC, "resources": {"cpu": 64}})
     with pytest.raises(SpecError, match=r"needs cpu=64 gpu=0, but the largest node has cpu=2"):
-        run_sweep(spec, expand(spec), tmp_path)
+        run_sweep(spec, expand(spec), ResultsStore(tmp_path, spec.name))
     assert not (tmp_path / "e2e").exists()
 
 
@@ -147,7 +147,7 @@ def test_a_killed_worker_is_retried_from_its_checkpoint_exactly_once(tmp_path, l
                        "grid": {**SPEC["grid"], "optimizer": [{"name": "adam", "lr": 3e-3}]}, "retries": 1})
     (cfg,) = expand(spec)
     killer = kill_own_worker()
-    outcome = run_sweep(spec, [cfg], tmp_path / "r", on_start=lambda todo: [killer])
+    outcome = run_sweep(spec, [cfg], ResultsStore(tmp_path / "r", spec.name), on_start=lambda todo: [killer])
     assert len(killer.killed) == 1, "the trial's worker was never killed"
     assert outcome.failed == [] and outcome.missing == []
     assert killer.after and min(killer.after) > killer.saved[0], f"the retry restarted: steps {killer.after}"

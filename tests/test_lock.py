@@ -82,11 +82,11 @@ def test_run_releases_the_lock_when_it_ends(tmp_path, monkeypatch):
     store = ResultsStore(tmp_path, spec.name)
     for t in trials:  # diverged: complete without rows to check (a "done" row with none is incomplete)
         store.write_run({"trial_id": t.trial_id, "status": "diverged"})
-    outcome = run_sweep(spec, trials, tmp_path)
+    outcome = run_sweep(spec, trials, ResultsStore(tmp_path, spec.name))
     assert outcome.launched == 0 and SweepLock(store).holder() is None
     monkeypatch.setattr(ResultsStore, "completed_ids", lambda self: 1 / 0)
     with pytest.raises(ZeroDivisionError):
-        run_sweep(spec, trials, tmp_path)
+        run_sweep(spec, trials, ResultsStore(tmp_path, spec.name))
     assert SweepLock(store).holder() is None
 
 

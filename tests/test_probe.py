@@ -10,8 +10,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from analysis import storage
 from analysis.load import load
+from resultstore import uri as storage
 from resultstore.writer import ResultsStore
 from study.config import TrialConfig
 from study.train import train
@@ -94,7 +94,7 @@ def test_an_interrupted_probe_redoes_only_what_has_no_file(sweep_dir):
 
     store.write_sae(tid, 2, "adam", rows(2, "adam", ("stored", "random")))
     store.write_sae(tid, 1, "sgd", rows(1, "sgd", ("stored",)))  # only one basis: not finished
-    plan = plan_probe(str(sweep_dir), layers=[1, 2])
+    plan = plan_probe(store, layers=[1, 2])
     assert plan.done == 1
     assert sorted((t.trial_id == tid, t.layer, t.sae_optimizers) for t in plan.tasks) == [
         (False, 1, ("adam", "sgd")), (False, 2, ("adam", "sgd")), (True, 1, ("adam", "sgd")), (True, 2, ("sgd",))]

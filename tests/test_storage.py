@@ -1,4 +1,4 @@
-"""analysis/storage.py and every verb on an object store, against a real S3 API (moto's server on
+"""resultstore/uri.py and every verb on an object store, against a real S3 API (moto's server on
 loopback, started by tests/conftest.py)."""
 
 import os
@@ -189,7 +189,7 @@ def test_a_killed_worker_resumes_from_its_tune_checkpoint_on_s3(s3, tmp_path):
     ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False,
              _node_ip_address="127.0.0.1")
     try:
-        outcome = run_sweep(spec, [cfg], "s3://bars/killed", on_start=lambda todo: [killer])
+        outcome = run_sweep(spec, [cfg], ResultsStore("s3://bars/killed", spec.name), on_start=lambda todo: [killer])
     finally:
         ray.shutdown()
     assert len(killer.killed) == 1, "the trial's worker was never killed"

@@ -56,6 +56,7 @@ def local_ray(tmp_path_factory):
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory, local_ray):
     """One sweep of two trials with all three trackers attached."""
+    from resultstore.writer import ResultsStore
     from sweep.launch import run_sweep
 
     tmp = tmp_path_factory.mktemp("tracked")
@@ -64,7 +65,7 @@ def swept(tmp_path_factory, local_ray):
     targets = {"wandb": tracking.check("wandb", "tests"),
                "mlflow": tracking.check("mlflow", f"sqlite:///{tmp}/mlflow.db"),
                "tensorboard": tracking.check("tensorboard", str(tmp / "tb"))}
-    outcome = run_sweep(spec, trials, tmp / "results", on_start=lambda todo: [
+    outcome = run_sweep(spec, trials, ResultsStore(tmp / "results", spec.name), on_start=lambda todo: [
         cb for kind, target in targets.items() for cb in tracking.callbacks(kind, target, spec.name, todo)])
     assert outcome.failed == [] and outcome.missing == []
     return local_ray, tmp, trials, targets
@@ -203,7 +204,7 @@ def test_a_tracker_failing_mid_sweep_loses_no_result_row(tmp_path, local_ray):
     trials = expand(spec)
     target = tracking.check("mlflow", f"sqlite:///{tmp_path}/mlflow.db")
     callbacks = tracking.callbacks("mlflow", target, spec.name, trials)
-    outcome = run_sweep(spec, trials, tmp_path / "r", on_start=lambda todo: [BreakTheDatabase(), *callbacks])
+    outcome = run_sweep(spec, trials, ResultsStore(tmp_path / "r", spec.name), on_start=lambda todo: [BreakTheDatabase(), *callbacks])
     assert callbacks[0].broken, "the tracker never failed: the test tested nothing"
     assert outcome.failed == [] and outcome.missing == []
     store = ResultsStore(tmp_path / "r", spec.name)

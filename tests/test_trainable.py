@@ -88,7 +88,7 @@ def test_a_two_worker_trial_writes_to_s3_resumes_from_the_bucket_and_reports_eac
     fs = pafs.S3FileSystem(endpoint_override=s3, region="us-east-1")
     killer = KillOneTrainWorkerAfterTheStoredCheckpoint(fs, f"bars/ddp/{spec.name}/trials/{cfg.trial_id}/checkpoint.pt")
     seen = recorder()
-    outcome = run_sweep(spec, [cfg], root, on_start=lambda todo: [seen])
+    outcome = run_sweep(spec, [cfg], ResultsStore(root, spec.name), on_start=lambda todo: [seen])
     assert len(killer.killed) == 1, "no Ray Train worker was killed"
     assert outcome.failed == [] and outcome.missing == [], outcome
 
@@ -139,7 +139,7 @@ def test_a_two_worker_fsdp_trial_runs_through_ray_train_to_the_one_worker_values
     (soap,) = expand(parse_spec({**SPEC, "name": "fsdp", "grid": {**SPEC["grid"], "optimizer": [{"name": "soap",
                                                                                                   "lr": 3e-3}]}}))
     seen = recorder()
-    outcome = run_sweep(spec, [cfg, soap], tmp_path / "r", on_start=lambda todo: [seen])
+    outcome = run_sweep(spec, [cfg, soap], ResultsStore(tmp_path / "r", spec.name), on_start=lambda todo: [seen])
     assert outcome.failed == [soap.trial_id] and outcome.missing == [], outcome
     errors = dict(ResultsStore(tmp_path / "r", spec.name).read("runs").select("trial_id", "error").iter_rows())
     assert "soap cannot train sharded" in errors[soap.trial_id]
