@@ -5,7 +5,7 @@
     analysis.layer_profile(r, "kurtosis").collect()
     analysis.write_report("results/scaling")      # fits + charts + index.html
 
-Never imports torch or ray. The light modules (load, schema, labels, identity, queries, selection,
+Never imports torch or ray. The light modules (load, labels, identity, queries, selection,
 power_law, fits: polars and numpy; scipy inside the fits that use it) are imported with the
 package and their names listed below; the heavy ones (charts, report: Altair, vl-convert) load on
 first use (``analysis.charts``, ``analysis.write_report``).
@@ -22,7 +22,7 @@ import importlib
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
-from analysis import fits, identity, labels, power_law, queries, schema, selection
+from analysis import fits, identity, labels, power_law, queries, selection
 from analysis.fits import (
     FamilyComparison, compare_exponents, compare_families, compare_family_values, fit_curves, fit_each,
     fit_groups, fits_table,
@@ -63,7 +63,8 @@ from analysis.queries import (
     sql,
     summarise,
 )
-from analysis.schema import (
+from analysis.selection import best_lr, best_lr_results, group_size_table, line_labels, onset, quant_penalty, unrotated_table, versus
+from resultstore.schema import (
     ARROW,
     CHECKS_SCHEMA,
     CURVES_SCHEMA,
@@ -78,7 +79,6 @@ from analysis.schema import (
     UNSUCCESSFUL,
     Status,
 )
-from analysis.selection import best_lr, best_lr_results, group_size_table, line_labels, onset, quant_penalty, unrotated_table, versus
 
 if TYPE_CHECKING:  # seen by type checkers; imported on first use at run time
     from analysis import charts, report

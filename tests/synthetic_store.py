@@ -69,7 +69,7 @@ import pyarrow.parquet as pq
 from analysis.identity import science_hash
 from analysis.null import null_expr, top_share_null, top_share_null_expr
 from analysis.load import CHECKS_SCHEMA, CURVES_SCHEMA, METRICS_SCHEMA, RUNS_SCHEMA
-from analysis.schema import ARROW
+from resultstore.schema import ARROW
 from study.optim import OPTIMIZER_FAMILY
 from resultstore.writer import ResultsStore
 

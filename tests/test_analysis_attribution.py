@@ -11,7 +11,7 @@ import pytest
 from analysis import attribution as A
 from analysis import load
 from analysis.queries import runs_table
-from analysis.schema import DIMS_SCHEMA
+from resultstore.schema import DIMS_SCHEMA
 
 TRIALS = [("adam", 32, 0), ("adam", 32, 1), ("sgd", 32, 0), ("adam", 16, 0)]
 

@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from analysis import load
-from analysis.schema import DIMS_SCHEMA
-
+from resultstore.schema import DIMS_SCHEMA
 from study.attribution import (
     DELIMITER_BYTES,
     Attribution,
