@@ -3,7 +3,7 @@
     nice -n 10 python benchmarks/bench_prepare.py [--mb 32] [--workers 1 2] [--bpe 8192]
 
 Generates a jsonl of Zipf-distributed pseudo-words (documents of 1-8 KB, `--mb` MB in all),
-then runs `study.corpus.prepare.prepare` on it with the bytes tokenizer and with a byte-level BPE of
+then runs `sweep.prepare.prepare` on it with the bytes tokenizer and with a byte-level BPE of
 `--bpe` ids (trained on the same text; the training time is reported on its own line, the
 tokenising rate excludes it). Reports per run: tokens/s, source MB/s, bytes written, bytes
 per token, tokens per CPU-second (process + workers: what a busy shared machine does not
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 import study.data  # noqa: F401  (prepare imports it for the manifest; keep torch's import out of the timings)
-from study.corpus.prepare import iter_documents, prepare, train_bpe
+from sweep.prepare import iter_documents, prepare, train_bpe
 
 TARGET = 10e9
 

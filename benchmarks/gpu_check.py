@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from study.config import DataConfig, TrialConfig
-from study.corpus.prepare import write_corpus
+from sweep.prepare import write_corpus
 from study.data import check_corpus
 from study.device import peak_flops
 from study.train import MemorySink, device_name, train

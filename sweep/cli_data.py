@@ -26,7 +26,7 @@ def data_prepare(
     val_fraction: Annotated[float, typer.Option(help="Share of documents held out (by a hash of each document).")] = 0.005,
     text_column: Annotated[str, typer.Option(help="Text column of jsonl/parquet/datasets sources.")] = "text",
     split: Annotated[str, typer.Option(help="Split of a Hugging Face / saved dataset.")] = "train",
-    workers: Annotated[int, typer.Option(help="Tokenising processes (0: auto, see study.corpus.prepare.auto_workers).")] = 0,
+    workers: Annotated[int, typer.Option(help="Tokenising processes (0: auto, see sweep.prepare.auto_workers).")] = 0,
     bpe_train_chars: Annotated[int, typer.Option(help="bpe:N trains on the source's first this many characters.")] = 1 << 30,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing prepared corpus at --out.")] = False,
 ) -> None:
@@ -36,7 +36,7 @@ def data_prepare(
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
     from resultstore.paths import output_problem
-    from study.corpus.prepare import PrepareError, auto_workers, prepare, source_bytes
+    from sweep.prepare import PrepareError, auto_workers, prepare, source_bytes
 
     refuse(output_problem("--out", out_dir, whole_folder=True))
     out_path = Path(out_dir)

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from study.config import TrialConfig
+from sweep.extras import need
 
 __all__ = ["TRACKERS", "TrackerError", "check", "callbacks", "trial_label", "series", "attach_report"]
 
@@ -57,23 +58,13 @@ def series(result: dict) -> dict:
     return {**out, "step": result["step"], "timesteps_total": result["step"], "training_iteration": result["step"]}
 
 
-def _need(module: str, kind: str):
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise TrackerError(f"--tracker {kind}: the {module} package is not installed "
-                           "(pip install 'privileged-bases-sweep[track]')") from None
-
-
 def check(kind: str, target: str | None) -> str:
     """Fail fast (TrackerError) unless the tracker can be written to; returns the resolved target:
     the W&B project, the MLflow tracking URI, or the TensorBoard folder."""
     if kind not in TRACKERS:
         raise TrackerError(f"--tracker {kind}: unknown; one of {', '.join(TRACKERS)}")
     if kind == "tensorboard":
-        _need("tensorboardX", kind)
+        need("tensorboardX", "track", TrackerError, f"--tracker {kind}: ")
         folder = Path(target or DEFAULT_TENSORBOARD_DIR)
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -84,7 +75,7 @@ def check(kind: str, target: str | None) -> str:
             raise TrackerError(f"--tracker tensorboard: cannot write to {folder}: {exc.strerror or exc}") from None
         return str(folder.resolve())
     if kind == "mlflow":
-        mlflow = _need("mlflow", kind)
+        mlflow = need("mlflow", "track", TrackerError, f"--tracker {kind}: ")
         uri = target or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_MLFLOW_URI
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # fail in seconds, not minutes
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
@@ -93,7 +84,7 @@ def check(kind: str, target: str | None) -> str:
         except Exception as exc:
             raise TrackerError(f"--tracker mlflow: {uri} cannot be reached: {_first_line(exc)}") from None
         return uri
-    wandb = _need("wandb", kind)
+    wandb = need("wandb", "track", TrackerError, f"--tracker {kind}: ")
     project = target or os.environ.get("WANDB_PROJECT") or DEFAULT_WANDB_PROJECT
     if os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun"):
         return project

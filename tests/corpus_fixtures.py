@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from study.corpus.prepare import write_corpus
+from sweep.prepare import write_corpus
 
 
 def stand_in_corpus(spec_path: Path, workdir: Path, monkeypatch) -> Path | None:

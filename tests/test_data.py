@@ -290,7 +290,7 @@ def test_sharded_tokens_index_like_one_array():
 
 
 def test_prepared_folder_loads_through_its_manifest(tmp_path):
-    from study.corpus.prepare import write_corpus
+    from sweep.prepare import write_corpus
 
     train = (np.arange(3000) % 700).astype(np.uint16)
     val = (np.arange(500) % 11).astype(np.uint16)
@@ -328,7 +328,7 @@ def test_a_data_config_reads_nothing_and_check_corpus_locates_the_problem(tmp_pa
 
 def test_a_prepared_folder_is_hashed_once_per_process(tmp_path):
     from study.corpus import format
-    from study.corpus.prepare import write_corpus
+    from sweep.prepare import write_corpus
 
     write_corpus(tmp_path / "c", {"train": np.arange(3000) % 300, "val": np.arange(500) % 300}, vocab_size=300)
     before = format._verify_shards.cache_info().misses

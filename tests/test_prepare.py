@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+import sweep.prepare as P
 from study.config import DataConfig
 from study.corpus.format import manifest_fingerprint, read_manifest
 from study.data import check_corpus, load_corpus
-from study.corpus import prepare as P
 from sweep.cli import app
+from sweep.prepare import documents as source_docs
+from sweep.prepare import pipeline
 
 runner = CliRunner()
 ROOT = Path(__file__).parent.parent
@@ -100,7 +102,7 @@ def test_hub_code_path_streams_a_local_json_builder(tmp_path):
     """The Hugging Face branch (load_dataset(..., streaming=True)) on the `json` builder: same documents."""
     docs = documents(10)
     src = make_source("jsonl", tmp_path, docs)
-    streamed = [d.text for d in P._iter_rows(P._hub_dataset("json", None, "train", data_files=src), "text", src)]
+    streamed = [d.text for d in source_docs._iter_rows(source_docs._hub_dataset("json", None, "train", data_files=src), "text", src)]
     assert streamed == [d.text for d in P.iter_documents(src)] == docs
 
 
@@ -165,7 +167,7 @@ def test_killed_prepare_is_detected_and_cleaned_by_the_rerun(tmp_path):
     src = make_source("jsonl", tmp_path, documents(200))
     out = tmp_path / "c"
     code = textwrap.dedent(f"""
-        import os, signal, study.corpus.prepare as P
+        import os, signal, sweep.prepare.pipeline as P
         P.BATCH_BYTES = 2000
         P.prepare({src!r}, {str(out)!r}, val_fraction=0.2,
                   on_progress=lambda r, w: w > 5000 and os.kill(os.getpid(), signal.SIGKILL))
@@ -308,9 +310,9 @@ def test_reading_is_lazy_and_bounded(monkeypatch, workers):
             yield P.Doc(f"d{i}", "x" * 1000)
             i += 1
 
-    monkeypatch.setattr(P, "iter_documents", endless)
-    monkeypatch.setattr(P, "BATCH_BYTES", 10_000)
-    stream = P._encoded("endless", "text", "train", "bytes", None, P.BYTE_EOT, 0.1, workers)
+    monkeypatch.setattr(pipeline, "iter_documents", endless)
+    monkeypatch.setattr(pipeline, "BATCH_BYTES", 10_000)
+    stream = pipeline._encoded("endless", "text", "train", "bytes", None, pipeline.BYTE_EOT, 0.1, workers)
     train_ids, val_ids, nbytes, *_ = next(stream)
     assert nbytes == 10 * 1000 and len(train_ids) + len(val_ids) == 10 * 1001
     assert len(pulled) <= (2 * workers + 1) * 10 + 1

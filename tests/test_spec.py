@@ -187,7 +187,7 @@ def test_a_corpus_problem_stands_in_the_data_fields_place(tmp_path):
     """The corpus is checked once the spec's values are (study.data.check_corpus), yet reported as
     when the config checked it: beside other fields' problems in field order (name, data, train,
     grid), alone when only spec-wide rules (device, workers) failed, since those are not reached."""
-    from study.corpus.prepare import write_corpus
+    from sweep.prepare import write_corpus
 
     folder = tmp_path / "c"
     write_corpus(folder, {"train": np.arange(4000) % 300, "val": np.arange(1000) % 300}, 300)

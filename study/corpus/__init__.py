@@ -1,4 +1,4 @@
-"""Token corpora on disk: the prepared format (`format`) and the preparer that writes it
-(`prepare`, the `sweep data prepare` command). `study.data` reads corpora for training."""
+"""Token corpora on disk: the prepared format (`format`, numpy only), which `study.data` reads
+for training. The preparer that writes it is offline tooling: sweep.prepare (`sweep data prepare`)."""
 
 __all__: list[str] = []
