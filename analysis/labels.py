@@ -3,9 +3,10 @@ labels) and trial labels that name what varies within a sweep (progress lines, `
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from resultstore.schema import Role, runs_columns
 
 __all__ = ["BASIS_SERIES", "LABEL_AXES", "SITE_NAMES", "trial_label", "trial_labels", "varying_axes"]
 
@@ -31,27 +32,38 @@ BASIS_SERIES = {
 (in legend order)."""
 
 
-LABEL_AXES = (
-    "d_model", "n_layers", "n_heads", "d_mlp", "optimizer", "lr", "momentum", "nesterov", "weight_decay",
-    "eps", "beta1", "beta2", "rotate", "precondition_frequency", "norm", "attention", "rotation_label", "batch_size",
-    "seq_len", "seed",
-)  # fmt: skip
-"""The flat runs columns (``TrialConfig.flat()``) a trial label may name, in label order. Columns
-of an optimiser's own options (``muon_*``, ``soap_*``, ...) count too, after
-``precondition_frequency``."""
+OPTIMIZER = "optimizer"
+
+
+def label_axes() -> tuple[str, ...]:
+    """The flat runs columns (``TrialConfig.flat()``) a trial label may name, in label order, from
+    the schema's roles: the model's shape, the optimiser and its hyper-parameters, the other axes
+    (norm, attention, rotation_label), the data and the seed. Read at call time, so a
+    hyper-parameter column an optimiser module declares counts too. Options of an optimiser
+    that no column holds (``muon_lr_ratio``, ``shampoo_beta``, ...) go after its hyper-parameters."""
+    axes = [a for a in runs_columns(Role.AXIS) if a != OPTIMIZER]
+    return (*runs_columns(Role.SHAPE), OPTIMIZER, *runs_columns(Role.HYPER), *axes, *runs_columns(Role.DATA),
+            *runs_columns(Role.SEED))
+
+
+LABEL_AXES = label_axes()
+"""``label_axes()`` when this module was imported."""
 
 _WITHIN = {"optimizer": (), "d_mlp": ("optimizer", "d_model"), "n_heads": ("optimizer", "d_model")}
 """An axis varies when it takes several values among trials equal in these columns (default: the
 optimiser); d_mlp and n_heads that change only with d_model (d_mlp = 4 d_model by default) add
 nothing to its label."""
-_BARE = ("optimizer", "norm", "attention", "rotation_label")  # values that name themselves: "sgd", not "optimizer sgd"
-_OPTION = re.compile(r"^(adam|sgd|rotated_adam|soap|muon|adafactor|lion|signsgd)_")
 
 
-def _axes_of(rows: Sequence[Mapping[str, Any]], options: Iterable[str]) -> list[str]:
-    options = sorted({k for r in rows for k in r if _OPTION.match(k)} | set(options))
-    at = LABEL_AXES.index("precondition_frequency") + 1
-    return [*LABEL_AXES[:at], *options, *LABEL_AXES[at:]]
+def _bare() -> tuple[str, ...]:
+    """Values that name themselves ("sgd", not "optimizer sgd"): the schema's axes."""
+    return runs_columns(Role.AXIS)
+
+
+def _axes_of(options: Iterable[str]) -> list[str]:
+    axes = label_axes()
+    at = axes.index(runs_columns(Role.HYPER)[-1]) + 1
+    return [*axes[:at], *sorted(set(options) - set(axes)), *axes[at:]]
 
 
 def _key(value: Any) -> Any:
@@ -61,7 +73,7 @@ def _key(value: Any) -> Any:
 def _varying(rows: Sequence[Mapping[str, Any]], options: Iterable[str]) -> dict[str, set[tuple]]:
     """axis -> the groups (values of its ``_WITHIN`` columns) in which it takes several values."""
     out: dict[str, set[tuple]] = {}
-    for axis in _axes_of(rows, options):
+    for axis in _axes_of(options):
         within = _WITHIN.get(axis, ("optimizer",))
         groups: dict[tuple, set] = {}
         for r in rows:
@@ -74,13 +86,13 @@ def _varying(rows: Sequence[Mapping[str, Any]], options: Iterable[str]) -> dict[
 
 
 def varying_axes(rows: Sequence[Mapping[str, Any]], options: Iterable[str] = ()) -> list[str]:
-    """The axes (``LABEL_AXES`` and optimiser options) that take more than one value among
+    """The axes (``label_axes()`` and optimiser options) that take more than one value among
     ``rows`` (flat run columns, one mapping per trial). An optimiser's hyper-parameter varies
     when it differs between trials of the same optimiser: adam at 3e-3 beside sgd at 0.3 is told
     apart by the optimiser alone, an sgd lr ladder is not; d_mlp that grows with d_model is not
     named beside it. Nulls (an option that does not apply) never count as a value.
-    ``options``: further optimiser option keys of ``rows`` to consider (keys that start with an
-    optimiser's name, ``muon_*``, always are)."""
+    ``options``: further keys of ``rows`` to consider: an optimiser's options that no runs column
+    holds (``sweep.progress.label_rows`` gives them)."""
     return list(_varying(rows, options))
 
 
@@ -95,11 +107,11 @@ def _value(value: Any) -> str:
 def trial_label(row: Mapping[str, Any], axes: Sequence[str], *, sep: str = " · ") -> str:
     """``row`` named by ``axes`` (from ``varying_axes``), e.g. ``d_model 64 · sgd · lr 0.3``;
     an axis that does not apply to this trial (null) is left out."""
-    parts = []
+    parts, bare = [], _bare()
     for axis in axes:
         value = row.get(axis)
         if value is not None:
-            parts.append(_value(value) if axis in _BARE else f"{axis} {_value(value)}")
+            parts.append(_value(value) if axis in bare else f"{axis} {_value(value)}")
     return sep.join(parts)
 
 

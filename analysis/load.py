@@ -20,15 +20,15 @@ from resultstore.schema import (  # noqa: F401  (re-exported: the contract lives
     CHECKS_SCHEMA,
     CURVES_SCHEMA,
     DIMS_SCHEMA,
+    HYPER_ORDER,
     METRICS_SCHEMA,
     RUNS_SCHEMA,
     SAE_SCHEMA,
     SCHEMAS,
     TABLES,
+    Role,
+    runs_columns,
 )
-
-DamagedFileError = DamagedFile
-"""The store's one damaged-file error (resultstore.layout.DamagedFile), by its old name here."""
 
 __all__ = [
     "CHECKS_SCHEMA",
@@ -55,13 +55,26 @@ __all__ = [
 # hyper-parameter (momentum, eps, rotation groups, ...) are never averaged together.
 CONFIG_ID = "config_id"
 SIZE_COLUMNS = ("d_model", "n_layers", "n_heads", "d_mlp", "params", "params_non_embedding")
-LABEL_COLUMNS = (
-    "optimizer", "optimizer_family", "lr", "momentum", "nesterov", "weight_decay", "eps",
-    "beta1", "beta2", "rotate", "norm", "attention", "rotation", "group_size", "rotation_groups",
-    "rotation_label", "precondition_frequency", "muon_ends",
-)  # fmt: skip
-"""Run columns that are functions of ``config_id``: carried along aggregates as labels (the
-first value per config), never grouped by."""
+
+
+def label_columns() -> tuple[str, ...]:
+    """Run columns that are functions of ``config_id``: carried along aggregates as labels (the
+    first value per config), never grouped by. The schema's axes, their labels and the
+    hyper-parameters (``resultstore.schema`` roles AXIS, LABEL, HYPER), ordered as report tables
+    have always carried them: the optimiser's, its first hyper-parameters (``HYPER_ORDER``), the
+    other axes and labels, then every later hyper-parameter (one an optimiser module declares
+    too: read at call time), so that a table's earlier columns keep their places."""
+    described = runs_columns(Role.AXIS, Role.LABEL)
+    hypers = runs_columns(Role.HYPER)
+    first_hyper = runs_columns().index(hypers[0])
+    optimizer = [c for c in described if runs_columns().index(c) < first_hyper]
+    return (*optimizer, *(h for h in hypers if h in HYPER_ORDER), *(c for c in described if c not in optimizer),
+            *(h for h in hypers if h not in HYPER_ORDER))
+
+
+LABEL_COLUMNS = label_columns()
+"""``label_columns()`` when this module was imported (the built-in columns, and those of any
+optimiser module imported before it)."""
 
 
 def attention_label() -> pl.Expr:

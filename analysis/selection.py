@@ -6,12 +6,12 @@ from __future__ import annotations
 import polars as pl
 
 from analysis.power_law import t_critical
-from analysis.schema import FINISHED
-from analysis.load import LABEL_COLUMNS, Results
+from analysis.load import Results, label_columns
 from analysis.query_base import (
     SORT, Source, group_keys, inputs, join_runs, pick_metric, prepare_runs, runs_of, summarise,
 )  # fmt: skip
 from analysis.queries import scale_table
+from resultstore.schema import FINISHED, Role, runs_columns
 
 __all__ = [
     "best_lr", "best_lr_results", "group_size_table", "line_labels", "onset", "quant_penalty", "unrotated_table", "versus",
@@ -251,10 +251,15 @@ def onset(
 
 
 _LINE_LABELS = ("optimizer", "optimizer_family", "norm", "rotation_label")
+_LINE_PARTS = ("optimizer", "norm", "rotation_label")  # every line label starts with these
 
 
-_HYPER = ("momentum", "nesterov", "weight_decay", "eps", "beta1", "beta2", "rotate", "precondition_frequency", "muon_ends",
-          "attention")
+def _line_hyper() -> tuple[str, ...]:
+    """What a line label names when it differs between lines of one optimiser: every
+    hyper-parameter but lr (named on its own) and every other axis (attention), from the schema's
+    roles."""
+    return (*(h for h in runs_columns(Role.HYPER) if h != "lr"),
+            *(a for a in runs_columns(Role.AXIS) if a not in _LINE_PARTS))
 
 
 def line_labels(frame: pl.DataFrame | pl.LazyFrame, key: str = "tuned_line_id") -> pl.DataFrame:
@@ -263,19 +268,19 @@ def line_labels(frame: pl.DataFrame | pl.LazyFrame, key: str = "tuned_line_id") 
     (``momentum=0.5``), then the lr (``lr=0.003``, or ``lr tuned per size`` when the best lr
     differs between sizes); also the optimizer, family, norm and rotation_label columns."""
     df = frame.lazy().collect() if isinstance(frame, pl.LazyFrame) else frame
-    present = [c for c in (*LABEL_COLUMNS,) if c in df.columns and c != "lr"]
+    present = [c for c in label_columns() if c in df.columns and c != "lr"]
     lines = df.group_by(key).agg(
         *[pl.col(c).first() for c in present],
         lrs=pl.col("lr").unique().sort() if "lr" in df.columns else pl.lit([]),
     )
     varying = [
-        c for c in _HYPER
+        c for c in _line_hyper()
         if c in lines.columns and "optimizer" in lines.columns
         and int(lines.group_by("optimizer").agg(pl.col(c).n_unique()).get_column(c).max() or 0) > 1
     ]  # fmt: skip
     out = []
     for r in lines.iter_rows(named=True):
-        parts = [str(r.get(c)) for c in ("optimizer", "norm", "rotation_label") if r.get(c) is not None]
+        parts = [str(r.get(c)) for c in _LINE_PARTS if r.get(c) is not None]
         parts += [f"{c}={r[c]:g}" if isinstance(r[c], float) else f"{c}={r[c]}" for c in varying if r[c] is not None]
         lrs = r.get("lrs") or []
         if len(lrs) == 1:

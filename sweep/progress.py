@@ -13,26 +13,16 @@ from study.config import TrialConfig
 
 __all__ = ["label_rows", "labels_for", "ProgressCallback"]
 
-_FLAT_ALREADY = ("name", "lr", "betas", "eps", "weight_decay", "momentum", "nesterov", "rotate",
-                 "precondition_frequency", "muon_momentum")  # OptimizerConfig fields flat() carries
-
-
 def label_rows(trials: list[TrialConfig]) -> tuple[list[dict], list[str]]:
-    """Each trial's flat columns plus the options of its own optimiser that flat() leaves out
-    (muon_lr_ratio, shampoo_beta, ...), and the names of those options: the input of
-    analysis.labels.trial_labels."""
-    fields = [f for f in type(trials[0].optimizer).model_fields if f not in _FLAT_ALREADY] if trials else []
+    """Each trial's flat columns plus the options of its own optimiser that no runs column holds
+    (muon_lr_ratio, shampoo_beta, ...: its config's label_options), and the names of those
+    options: the input of analysis.labels.trial_labels."""
     rows, options = [], set()
     for t in trials:
-        o = t.optimizer
-        own = {f: getattr(o, f) for f in fields if f.startswith(o.name + "_") or _applies(o.name, f)}
+        own = t.optimizer.label_options()
         options |= set(own)
         rows.append({**t.flat(), **own})
     return rows, sorted(options)
-
-
-def _applies(optimizer: str, field: str) -> bool:
-    return optimizer == "soap" and field in ("shampoo_beta", "max_precond_dim")
 
 
 def labels_for(trials: list[TrialConfig]) -> dict[str, str]:

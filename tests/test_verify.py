@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 import analysis
-from analysis.load import DamagedFileError
+from analysis.load import DamagedFile
 from resultstore.writer import ResultsStore
 from sweep.cli import app
 
@@ -58,7 +58,7 @@ def test_a_damaged_part_is_named_by_status_query_report_and_load(sweep, table):
         assert result.exit_code == 2, (args, result.output)
         assert part.name in result.output and "damaged Parquet file" in result.output, (args, result.output)
         assert "Traceback" not in result.output
-    with pytest.raises(DamagedFileError, match=part.name):
+    with pytest.raises(DamagedFile, match=part.name):
         analysis.load(sweep)
 
 

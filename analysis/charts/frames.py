@@ -11,10 +11,11 @@ import altair as alt
 import polars as pl
 
 from analysis.charts.style import MAX_DASHED, MAX_EVALS, ROTATION_ORDER, SizeChoice, format_count
+from resultstore.schema import RUNS_SCHEMA, Role, runs_columns
 
 __all__ = [
     "as_frame", "decorate", "dodge", "panels_for_variants", "pick_size", "rotation_sort", "size_column",
-    "size_sort", "slim", "thin_steps", "tooltip", "variant_order", "variant_title", "varies", "with_null",
+    "size_sort", "slim", "thin_steps", "tooltip", "variant_axes", "variant_order", "variant_title", "varies", "with_null",
 ]  # fmt: skip
 """The helpers the chart builders share; the rest is this module's own."""
 
@@ -111,7 +112,7 @@ def decorate(df: pl.DataFrame, facet: str | None) -> pl.DataFrame:
         if "group_size" not in df.columns:
             df = df.with_columns(group_size=pl.lit(None, pl.Int64))
         df = df.with_columns(rotation_label())
-    candidates = [c for c in VARIANT_AXES if c != facet_column(facet)]
+    candidates = [c for c in variant_axes() if c != facet_column(facet)]
     # within one optimiser, panel and model size: a best-lr view whose lr changes from size
     # to size draws one line, not one per lr
     within = ["optimizer", facet_column(facet), None if "fit" in df.columns else size_column(df)]
@@ -138,9 +139,9 @@ def decorate(df: pl.DataFrame, facet: str | None) -> pl.DataFrame:
 
 
 def axis_value(col: str) -> pl.Expr:
-    """A variant axis's value as text: numbers compact (0.003 -> 3e-03 stays short)."""
+    """A variant axis's value as text: a float runs column compact (0.003 -> 0.003, 1e-08 stays short)."""
     e = pl.col(col)
-    if col in ("lr", "eps", "weight_decay", "momentum", "beta1", "beta2"):
+    if RUNS_SCHEMA.get(col) == pl.Float64():
         e = e.map_elements(lambda v: f"{v:g}", return_dtype=pl.String)
     return e.cast(pl.String).fill_null("–")
 
@@ -149,10 +150,15 @@ def facet_column(facet: str | None) -> str | None:
     return "rotation_label" if facet == "rotation" else facet
 
 
-VARIANT_AXES = (
-    "norm", "attention", "rotation_label", "lr", "momentum", "nesterov", "weight_decay", "eps", "beta1",
-    "beta2", "rotate", "precondition_frequency", "muon_ends",
-)  # fmt: skip
+def variant_axes() -> tuple[str, ...]:
+    """The run columns a line's variant may name (within one optimiser, the colour): the schema's
+    axes but the optimiser (norm, attention, rotation_label), then every hyper-parameter (one an
+    optimiser module declares too: read at call time)."""
+    return (*(a for a in runs_columns(Role.AXIS) if a != "optimizer"), *runs_columns(Role.HYPER))
+
+
+VARIANT_AXES = variant_axes()
+"""``variant_axes()`` when this module was imported."""
 
 
 def panels_for_variants(df: pl.DataFrame, most: int = MAX_DASHED) -> tuple[pl.DataFrame, list[str] | None]:
@@ -186,7 +192,7 @@ def variant_title(df: pl.DataFrame) -> str:
     names = {"norm": "Norm", "attention": "Attention", "rotation_label": "Rotation", "lr": "LR", "momentum": "Momentum",
              "nesterov": "Nesterov", "weight_decay": "Weight decay", "eps": "Adam ε",
              "beta1": "β1", "beta2": "β2", "rotate": "Rotate"}  # fmt: skip
-    return " · ".join(names[c] for c in df.get_column("variant_axes").first().split(",") if c) or "Config"
+    return " · ".join(names.get(c, c) for c in df.get_column("variant_axes").first().split(",") if c) or "Config"
 
 
 def rotation_sort(df: pl.DataFrame) -> list[str]:
