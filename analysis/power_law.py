@@ -185,6 +185,48 @@ def fit_power_law(
     ``groups`` (one label per point) is given, of whole groups.
     Raises ``ValueError`` when a point is not finite, when x <= 0 or y - offset <= 0 for
     any point (naming how many), or when fewer than two distinct x values remain."""
+    xa, ya, n_x = _fit_points(x, y, offset, confidence)
+    n = xa.size
+    lx, ly = np.log(xa), np.log(ya - offset)
+    a, b, r2, se, ci_t = _log_log_ols(lx, ly, confidence)
+
+    n_groups, units = None, np.arange(n)
+    if groups is not None:
+        units = _label_index(groups, n, "groups")
+        n_groups = int(units.max()) + 1
+    boot_b, boot_a = _bootstrap(lx, ly, units, n_boot, seed)
+    ok = np.isfinite(boot_b)
+    q = [(1 - confidence) / 2, (1 + confidence) / 2]
+    if ok.any():
+        b_ci = tuple(float(v) for v in np.quantile(boot_b[ok], q))
+        a_ci = tuple(float(math.exp(v)) for v in np.quantile(boot_a[ok], q))
+    else:
+        b_ci = a_ci = (math.nan, math.nan)
+    interval = "bootstrap over groups" if n_groups is not None else "bootstrap over points"
+
+    n_seeds, seed_b, seed_labels = None, _EMPTY, ()
+    if seeds is not None:
+        idx = _label_index(seeds, n, "seeds")
+        names = np.unique(np.asarray(seeds))
+        n_seeds = int(idx.max()) + 1
+        seed_b = seed_exponents(lx, ly, idx)
+        seed_labels = tuple(v.item() if hasattr(v, "item") else v for v in names[np.isfinite(seed_b)])
+        seed_b = seed_b[np.isfinite(seed_b)]
+        if seed_b.size >= 2:
+            b_ci, interval = _seed_interval(seed_b, confidence), f"between-seed t ({seed_b.size} seeds)"
+        else:
+            b_ci, interval = ci_t, "OLS t (one seed)"
+    return PowerLawFit(
+        coefficient=math.exp(a), exponent=b, exponent_ci=b_ci, coefficient_ci=a_ci,  # type: ignore[arg-type]
+        r2=r2, n=n, offset=float(offset), confidence=confidence, n_boot=int(ok.sum()), n_x=int(n_x),
+        n_groups=n_groups, x_range=(float(xa.min()), float(xa.max())), exponent_se=se, exponent_ci_t=ci_t,
+        boot_exponent=boot_b, boot_log_coefficient=boot_a, interval=interval, n_seeds=n_seeds,
+        seed_exponents=seed_b, seed_labels=seed_labels,
+    )
+
+
+def _fit_points(x: Any, y: Any, offset: float, confidence: float) -> tuple[np.ndarray, np.ndarray, int]:
+    """(x, y, distinct x values) as float vectors, or ValueError naming what no power law can fit."""
     xa = _vector(x, "x")
     ya = _vector(y, "y")
     if xa.shape != ya.shape:
@@ -213,10 +255,14 @@ def fit_power_law(
         )
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    return xa, ya, n_x
 
+
+def _log_log_ols(lx: np.ndarray, ly: np.ndarray, confidence: float) -> tuple[float, float, float, float, tuple]:
+    """(intercept, slope, r2, slope's standard error, its OLS t-interval) of ly on lx; the last two
+    NaN with two points."""
     from scipy import stats
 
-    lx, ly = np.log(xa), np.log(ya - offset)
     line = stats.linregress(lx, ly)
     b, a = float(line.slope), float(line.intercept)
     resid = ly - (a + b * lx)
@@ -226,66 +272,18 @@ def fit_power_law(
         r2 = float(line.rvalue) ** 2
     else:
         r2 = 1.0 if ss_res <= tiny else math.nan
-
-    if n > 2:
+    if lx.size > 2:
         se = float(line.stderr)
-        ci_t = _t_interval(b, se, n - 2, confidence)
-    else:
-        se, ci_t = math.nan, (math.nan, math.nan)
+        return a, b, r2, se, _t_interval(b, se, lx.size - 2, confidence)
+    return a, b, r2, math.nan, (math.nan, math.nan)
 
-    n_groups = None
-    units = np.arange(n)
-    if groups is not None:
-        labels = np.asarray(groups)
-        if labels.shape != (n,):
-            raise ValueError(f"groups must hold one label per point ({n}), got {labels.shape}")
-        _, units = np.unique(labels, return_inverse=True)
-        n_groups = int(units.max()) + 1
-    boot_b, boot_a = _bootstrap(lx, ly, units, n_boot, seed)
-    ok = np.isfinite(boot_b)
-    q = [(1 - confidence) / 2, (1 + confidence) / 2]
-    if ok.any():
-        b_ci = tuple(float(v) for v in np.quantile(boot_b[ok], q))
-        a_ci = tuple(float(math.exp(v)) for v in np.quantile(boot_a[ok], q))
-    else:
-        b_ci = a_ci = (math.nan, math.nan)
-    interval = "bootstrap over groups" if n_groups is not None else "bootstrap over points"
-    n_seeds, seed_b, seed_labels = None, _EMPTY, ()
-    if seeds is not None:
-        labels = np.asarray(seeds)
-        if labels.shape != (n,):
-            raise ValueError(f"seeds must hold one label per point ({n}), got {labels.shape}")
-        names, idx = np.unique(labels, return_inverse=True)
-        n_seeds = int(idx.max()) + 1
-        seed_b = seed_exponents(lx, ly, idx)
-        seed_labels = tuple(v.item() if hasattr(v, "item") else v for v in names[np.isfinite(seed_b)])
-        seed_b = seed_b[np.isfinite(seed_b)]
-        if seed_b.size >= 2:
-            b_ci, interval = _seed_interval(seed_b, confidence), f"between-seed t ({seed_b.size} seeds)"
-        else:
-            b_ci, interval = ci_t, "OLS t (one seed)"
-    return PowerLawFit(
-        coefficient=math.exp(a),
-        exponent=b,
-        exponent_ci=b_ci,  # type: ignore[arg-type]
-        coefficient_ci=a_ci,  # type: ignore[arg-type]
-        r2=r2,
-        n=n,
-        offset=float(offset),
-        confidence=confidence,
-        n_boot=int(ok.sum()),
-        n_x=int(n_x),
-        n_groups=n_groups,
-        x_range=(float(xa.min()), float(xa.max())),
-        exponent_se=se,
-        exponent_ci_t=ci_t,
-        boot_exponent=boot_b,
-        boot_log_coefficient=boot_a,
-        interval=interval,
-        n_seeds=n_seeds,
-        seed_exponents=seed_b,
-        seed_labels=seed_labels,
-    )
+
+def _label_index(labels: Any, n: int, name: str) -> np.ndarray:
+    """Each point's label as an index 0..k-1; ValueError unless there is one label per point."""
+    values = np.asarray(labels)
+    if values.shape != (n,):
+        raise ValueError(f"{name} must hold one label per point ({n}), got {values.shape}")
+    return np.unique(values, return_inverse=True)[1]
 
 
 def seed_exponents(lx: np.ndarray, ly: np.ndarray, seed_idx: np.ndarray) -> np.ndarray:
