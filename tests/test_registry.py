@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import get_args
 
@@ -28,10 +27,10 @@ from synthetic_store import FAMILIES as SYNTHETIC_FAMILIES
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _run(code: str, pythonpath: list[Path]) -> subprocess.CompletedProcess:
+def _run(code: str, pythonpath: list[Path], *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in pythonpath)}
-    return subprocess.run([sys.executable, "-c", code], cwd=pythonpath[0], env=env, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=pythonpath[0], env=env, capture_output=True,
+                          text=True, timeout=300)
 
 
 def test_names_are_the_configs_in_a_fixed_order():
@@ -109,9 +108,9 @@ def test_the_config_and_its_checks_need_no_torch():
 
 
 NADAM = '''
-"""nadam: torch NAdam (Adam with Nesterov momentum), per coordinate."""
+"""nadam: torch NAdam (Adam with Nesterov momentum), per coordinate, with a hyper-parameter of its own."""
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -122,6 +121,10 @@ class NAdamConfig(OptimizerConfig):
     name: Literal["nadam"] = "nadam"
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = Field(default=1e-8, gt=0)
+    momentum_decay: float = Field(default=4e-3, gt=0)
+    """psi: how fast NAdam's momentum schedule warms up."""
+
+    own_columns: ClassVar[tuple[str, ...]] = ("momentum_decay",)
 
 
 def build(cfg, model):
@@ -131,40 +134,76 @@ def build(cfg, model):
 
     o = cfg.optimizer
     return torch.optim.NAdam(decay_groups(model, o.weight_decay), lr=o.lr, betas=o.betas, eps=o.eps,
-                             weight_decay=o.weight_decay, decoupled_weight_decay=True)
+                             weight_decay=o.weight_decay, momentum_decay=o.momentum_decay, decoupled_weight_decay=True)
 
 
 register(Optimizer("nadam", order=9, family="per_coordinate", config=NAdamConfig, build=build))
 '''
 
+NINTH = """
+import sys
+import polars as pl
+import pytest
+import torch
+from pydantic import ValidationError
+from study.config import TrialConfig
+from study.model import Transformer
+from study.optim import OPTIMIZER_FAMILY, build_optimizer
+from study.train import train
+from resultstore.writer import ResultsStore
+from analysis.charts.frames import decorate
+from analysis.labels import trial_labels
+from analysis.load import load
+from analysis.selection import line_labels
+from sweep.grid import expand
+from sweep.progress import labels_for
+from sweep.spec import SpecError, parse_spec
 
-@pytest.mark.slow
+# validated: its own field is checked where the spec wrote it, and it is nadam's alone
+spec = {"name": "ninth", "data": {"corpus": "stdlib", "seq_len": 16},
+        "train": {"steps": 2, "batch_size": 4, "eval_every": 2, "eval_batch": {"sequences": 2}, "checkpoint_every": 0,
+                  "invariance_check": False},
+        "grid": {"model": [{"d_model": 32, "n_layers": 2, "n_heads": 2}],
+                 "optimizer": [{"name": "nadam", "lr": 1e-2, "betas": [0.8, 0.9], "momentum_decay": [4e-3, 1e-2]}]}}
+for bad, message in ([{"name": "nadam", "lr": 1e-2, "momentum_decay": -1}], "grid.optimizer[0].momentum_decay: Input should be greater than 0"), \
+                    ([{"name": "adam", "lr": 1e-2, "momentum_decay": 1e-2}], "grid.optimizer[0].momentum_decay: momentum_decay does not apply to adam"):
+    with pytest.raises(SpecError, match=message.replace("[", "\\[").replace("]", "\\]")):
+        parse_spec({**spec, "grid": {**spec["grid"], "optimizer": bad}})
+trials = expand(parse_spec(spec))
+assert [type(t.optimizer).__name__ for t in trials] == ["NAdamConfig"] * 2
+assert TrialConfig.model_validate_json(trials[0].config_json()) == trials[0]
+
+# trained and stored: its column in the runs row and the Parquet file
+store = ResultsStore(sys.argv[1], "ninth")
+with store.writing("test"):
+    for t in trials:
+        assert train(t, store.sink(t.trial_id)).status == "done"
+runs = load(store.uri).runs.collect().sort("momentum_decay")
+assert runs.get_column("momentum_decay").to_list() == [4e-3, 1e-2] and runs.schema["momentum_decay"] == pl.Float64
+row = runs.row(0, named=True)
+assert (row["optimizer"], row["optimizer_family"], row["beta1"], row["eps"], row["momentum"]) == ("nadam", "per_coordinate", 0.8, 1e-8, None)
+assert type(build_optimizer(trials[0], Transformer.from_config(trials[0]))) is torch.optim.NAdam
+
+# labelled and charted: the sweep's progress, `sweep status`, line labels and chart variants name it
+assert list(labels_for(trials).values()) == ["momentum_decay 0.004", "momentum_decay 0.01"]
+assert trial_labels(runs.to_dicts()) == ["momentum_decay 0.004", "momentum_decay 0.01"]
+lines = line_labels(runs.with_columns(tuned_line_id=pl.col("trial_id")))
+assert sorted(lines.get_column("config")) == ["nadam · layernorm · none · momentum_decay=0.004 · lr=0.01",
+                                              "nadam · layernorm · none · momentum_decay=0.01 · lr=0.01"]
+assert decorate(runs, facet=None).get_column("variant").to_list() == ["0.004", "0.01"]
+print(OPTIMIZER_FAMILY.popitem()[0])
+"""
+
+
 def test_a_new_optimizer_is_one_module(tmp_path):
-    # A copy of study/ with one more module in study/optim/: the config accepts the name, the
-    # runs row carries its family and columns, build_optimizer builds it and it trains.
+    """A copy of study/ with one more module in study/optim/, nothing else edited: a ninth
+    optimiser with a hyper-parameter of its own is validated (a bad value named at its place),
+    trained, stored (its runs column), labelled and charted."""
     shutil.copytree(REPO / "study", tmp_path / "study", ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "study" / "optim" / "nadam.py").write_text(NADAM)
-    code = textwrap.dedent("""
-        import torch
-        from study.config import TrialConfig
-        from study.model import Transformer
-        from study.optim import OPTIMIZER_FAMILY, build_optimizer
-        cfg = TrialConfig(model={"depth": 1}, optimizer={"name": "nadam", "lr": 1e-2, "betas": [0.8, 0.9]},
-                          train={"steps": 3})
-        row = cfg.flat()
-        assert (row["optimizer_family"], row["beta1"], row["eps"], row["momentum"]) == ("per_coordinate", 0.8, 1e-8, None)
-        model = Transformer.from_config(cfg)
-        opt = build_optimizer(cfg, model)
-        assert type(opt) is torch.optim.NAdam and OPTIMIZER_FAMILY["nadam"] == "per_coordinate"
-        before = model.tok_emb.weight.detach().clone()
-        idx = torch.randint(0, 256, (2, 16))
-        model(idx, idx)[1].backward()
-        opt.step()
-        print(OPTIMIZER_FAMILY.popitem()[0], bool((model.tok_emb.weight != before).any()))
-    """)
-    done = _run(code, [tmp_path, REPO])
+    done = _run(NINTH + "\n", [tmp_path, REPO], str(tmp_path / "results"))
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["nadam", "True"]
+    assert done.stdout.split() == ["nadam"]
 
 
 SHARDABLE = ("adam", "sgd", "lion", "signsgd")
