@@ -19,9 +19,11 @@ Failed and diverged trials are excluded and counted. A sweep with one model size
 charts but no fits (the index says why); a missing table (no checks, no curves) skips only
 what needs it.
 
-The package: ``content`` computes (``build``: selection, queries, fits, charts), ``fits``
-holds the fit specs, ``dims`` and ``sae`` add their sections, ``render`` turns the content
-into bytes; this module writes them.
+The package: ``content`` computes (``build``: what finished, the best lr, then each section
+of ``content.SECTIONS`` in turn; ``section`` says what a section is and is handed), one module
+per section (``kurtosis``, ``bases``, ``quant``, ``lr``, ``scaling``, ``privilege``, ``sinks``,
+``dims``, ``sae``, ``slopes``, ``checks``), ``fits`` holds the fit specs, ``render`` turns the
+content into bytes; this module writes them.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import polars as pl
 
@@ -39,6 +41,7 @@ from analysis.multiplicity import DEFAULT_PRIMARY, PrimaryContrast, parse_primar
 from analysis.report import privilege, render
 from analysis.report.content import COUNT_FIT_NOTE, build
 from analysis.report.fits import DEFAULT_FITS, FitSpec
+from analysis.report.section import ReportContent
 from analysis.vega_workers import VegaWorkers
 
 __all__ = ["DEFAULT_FITS", "FitSpec", "ReportResult", "write_report"]
@@ -49,26 +52,20 @@ FORMATS = ("svg", "png", "pdf", "html", "json")
 
 @dataclass
 class ReportResult:
-    """What ``write_report`` wrote, and what it found."""
+    """What ``write_report`` wrote (``files``; ``charts``: each chart's files by name), and what
+    it found: ``content``, whose fields also read through (``rep.notes`` is
+    ``rep.content.notes``; ``rep.charts`` is the files, ``rep.content.charts`` the Altair charts)."""
 
     out: str
     index: str
+    content: ReportContent
     files: list[str] = field(default_factory=list)
     charts: dict[str, list[str]] = field(default_factory=dict)
-    captions: dict[str, str] = field(default_factory=dict)
-    fits: pl.DataFrame = field(default_factory=pl.DataFrame)
-    skipped: pl.DataFrame = field(default_factory=pl.DataFrame)
-    comparisons: pl.DataFrame = field(default_factory=pl.DataFrame)
-    family_comparisons: pl.DataFrame = field(default_factory=pl.DataFrame)
-    levels: pl.DataFrame = field(default_factory=pl.DataFrame)
-    family_levels: pl.DataFrame = field(default_factory=pl.DataFrame)
-    best_lr: pl.DataFrame = field(default_factory=pl.DataFrame)
-    lr_fit: pl.DataFrame = field(default_factory=pl.DataFrame)
-    notes: list[str] = field(default_factory=list)
-    n_runs: int = 0
-    n_done: int = 0
-    n_failed: int = 0
-    n_diverged: int = 0
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "content":  # not set yet (copy, pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.content, name)
 
 
 def write_report(
@@ -118,12 +115,7 @@ def write_report(
         )  # fmt: skip
         say(f"rendering {len(c.charts)} charts ({', '.join(formats)}) on {max(1, len(workers.procs))} processes")
         rendered = render.render_charts(c.charts, formats, png_scale, workers)
-    rep = ReportResult(
-        out=out_dir, index=writer.uri("index.html"), captions=c.captions, fits=c.fits, skipped=c.skipped,
-        comparisons=c.comparisons, family_comparisons=c.family_comparisons, levels=c.levels,
-        family_levels=c.family_levels, best_lr=c.best_lr, lr_fit=c.lr_fit,
-        notes=c.notes, n_runs=c.n_runs, n_done=c.n_done, n_failed=c.n_failed, n_diverged=c.n_diverged,
-    )  # fmt: skip
+    rep = ReportResult(out=out_dir, index=writer.uri("index.html"), content=c)
 
     if c.onsets is not None:
         rep.files.append(writer.write("onset.csv", c.onsets.write_csv().encode()))

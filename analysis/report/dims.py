@@ -22,8 +22,9 @@ from analysis import attribution
 from analysis.charts.layers import figure_width, titled
 from analysis.charts.style import optimizer_scale
 from analysis.load import Results
+from analysis.report.section import Section
 
-__all__ = ["NO_DIMS_NOTE", "ablation_chart", "add", "persistence_chart", "token_chart"]
+__all__ = ["NO_DIMS_NOTE", "SECTION", "ablation_chart", "add", "persistence_chart", "token_chart"]
 
 NO_DIMS_NOTE = ("No outlier-dimension attribution (dims/ is empty: the sweep predates it); "
                 "the dimensions section is skipped.")
@@ -137,3 +138,7 @@ def token_chart(table: pl.DataFrame, caption: str | None = None) -> alt.TopLevel
                           "and when set to its mean; max/median, position-0 and delimiter shares, correlation with "
                           "token frequency, where it is largest and whose loss rises when it is zeroed.")
     return titled(chart, "What the outlier dimensions are", [], caption, 104 * len(order))
+
+
+SECTION = Section("dims", lambda ctx: add(ctx.results, ctx.done, ctx.built, ctx.notes))
+"""Reads the dims table of the done trials (every config, not only the best-lr points)."""

@@ -12,9 +12,10 @@ counted per config, and the width-honest top-1 energy share charted with its nul
   saying, per config, which measure a width trend is in.
 
 Stores written before the probe recorded these metrics get one note and nothing else. Computes,
-never writes: ``add`` puts the chart into ``built`` and returns the table; ``cells`` gives the
-table's readable rows (header, rows) to the renderer, ``markdown`` the privilege.md text. This
-module imports nothing of analysis.report (render imports it).
+never writes: ``add`` puts the chart into ``built`` and returns the table (``SECTION``: into the
+report's content); ``cells`` gives the table's readable rows (header, rows) to the renderer,
+``markdown`` the privilege.md text. Of analysis.report it imports only ``section`` (render imports
+this module).
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ from analysis.charts.style import format_count
 from analysis.load import Results
 from analysis.null import kurtosis_null, top_share_null
 from analysis.query_base import SORT, inputs, join_runs
+from analysis.report.section import Context, Section
 
 __all__ = [
-    "BASES", "METRICS", "NO_TEST_NOTE", "P_PRIVILEGED", "SITES", "TITLE", "WORDS", "add", "cells", "markdown",
+    "BASES", "METRICS", "NO_TEST_NOTE", "P_PRIVILEGED", "SECTION", "SITES", "TITLE", "WORDS", "add", "cells", "markdown",
     "test_table", "trend_note",
 ]  # fmt: skip
 
@@ -234,3 +236,12 @@ def trend_note(results: Results, shares: pl.DataFrame, x: str = "params_non_embe
         "token's energy (about d·f²) while its top-1 share stays f: a rise in kurtosis / null alone is not a "
         "rise in privilege; a rise in the top-1 share (whose null falls with d) is not width alone."
     )
+
+
+def _add_to_report(ctx: Context) -> None:
+    """``add`` at the report's best-lr view; the test table into ``ctx.content.privilege``."""
+    ctx.content.privilege = add(ctx.main, ctx.done, ctx.built, ctx.notes, x=ctx.x, facet=ctx.facet,
+                                confidence=ctx.confidence)
+
+
+SECTION = Section("privilege", _add_to_report, metrics=METRICS)

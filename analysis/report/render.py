@@ -25,7 +25,7 @@ from analysis.report import privilege
 from analysis.vega_workers import VECTOR, VegaWorkers, render_spec
 
 if TYPE_CHECKING:
-    from analysis.report.content import ReportContent
+    from analysis.report.section import ReportContent
 
 __all__ = [
     "Table",

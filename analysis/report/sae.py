@@ -1,6 +1,6 @@
 """The report's SAE section (issue 21): one chart of `sweep probe sae`'s table, or one note.
 
-Hooked into ``content.build`` by one call; computes, never renders or writes."""
+``SECTION`` is its entry in the report's section list; computes, never renders or writes."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import altair as alt
 import polars as pl
 
 from analysis.load import Results
+from analysis.report.section import Section
 from analysis.sae import sae_summary
 
-__all__ = ["add_sae_section", "sae_chart"]
+__all__ = ["SECTION", "add_sae_section", "sae_chart"]
 
 _TITLES = {
     "decoder_kurtosis_excess": "decoder kurtosis − null",
@@ -70,3 +71,7 @@ def add_sae_section(results: Results, built: MutableMapping[str, tuple[Any, str]
         "is measured in the basis the SAE saw, minus the random-direction null 3(d-1)/(d+1); "
         + (f"seed means with t-intervals (up to {seeds} seeds)." if seeds > 1 else "one seed."),
     )
+
+
+SECTION = Section("sae", lambda ctx: add_sae_section(ctx.results, ctx.built, ctx.notes, ctx.say), needs_done=False)
+"""Reads the sae table; says so in a note even where no trial finished."""

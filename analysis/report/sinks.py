@@ -27,15 +27,16 @@ import polars as pl
 from analysis import queries, selection
 from analysis.charts.sinks import sinks_by_layer, sinks_vs_outliers
 from analysis.load import Results
+from analysis.report.section import Section
 
-__all__ = ["BASIS", "MEASURES", "METRICS", "NO_SINK_NOTE", "SITE", "UNIFORM", "add", "profile", "tracking_note",
+__all__ = ["BASIS", "MEASURES", "METRICS", "NO_SINK_NOTE", "SECTION", "SITE", "UNIFORM", "add", "profile", "tracking_note",
            "uniform_level", "versus_table"]
 
 SITE, BASIS, UNIFORM = "attn", "heads", "uniform"
 MEASURES = ("first_mass", "delimiter_mass", "sink_heads", "null_mass")
 """The probe's sink rows (study.sinks.METRICS), in panel order."""
 METRICS = MEASURES
-"""The metrics this section reads beside kurtosis (``content.build`` keeps only the metrics the report uses)."""
+"""The metrics this section reads beside kurtosis (the report keeps only the metrics its sections read)."""
 
 NO_SINK_NOTE = ("No attention-sink rows (site attn: the probe records them from issue 36 on): the attention-sink "
                 "section is skipped.")
@@ -118,3 +119,8 @@ def add(results: Results, done: pl.DataFrame, built: MutableMapping[str, tuple[A
     note = tracking_note(results)
     if note:
         notes.append(note)
+
+
+SECTION = Section("sinks", lambda ctx: add(ctx.main, ctx.done, ctx.built, ctx.notes, confidence=ctx.confidence),
+                  metrics=METRICS)
+"""At the report's best-lr view, final step."""
