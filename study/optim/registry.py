@@ -112,8 +112,8 @@ class OptimizerConfig(_Frozen):
         """`data` without the fields of the old flat config that this optimiser lacks and that hold
         the value every stored config carries; any other field it lacks is refused at its place."""
         fields, problems, out = cls.model_fields, [], {}
+        old = {**ID_FIELDS, **_LATER_FIELDS}
         for key, value in data.items():
-            old = {**ID_FIELDS, **_LATER_FIELDS}
             if key in fields:
                 out[key] = value
             elif key in old and _plain(value) == old[key]:
