@@ -16,14 +16,14 @@ column still stack. ``analysis.load`` is this ``load``.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import field, make_dataclass
 from typing import Any
 
 import polars as pl
 
 from resultstore import layout, uri
-from resultstore.schema import DIMS_SCHEMA, SAE_SCHEMA, SCHEMAS, TABLES
+from resultstore.schema import SCHEMAS, TABLES
 
 __all__ = ["Results", "find_sweep", "load", "verify_footers"]
 
@@ -32,21 +32,11 @@ _CAST = pl.ScanCastOptions(
 )
 
 
-@dataclass(frozen=True, eq=False)
-class Results:
-    """One sweep's tables, lazily. Empty frames (with the contract's schema) stand in for
-    tables that have no files. ``files`` lists the Parquet files behind each table."""
+class _Tables:
+    """What a Results does beyond holding its tables (see Results)."""
 
     path: str
-    runs: pl.LazyFrame = field(repr=False)
-    metrics: pl.LazyFrame = field(repr=False)
-    curves: pl.LazyFrame = field(repr=False)
-    checks: pl.LazyFrame = field(repr=False)
-    dims: pl.LazyFrame = field(default_factory=lambda: pl.LazyFrame(schema=DIMS_SCHEMA), repr=False)
-    """Outlier-dimension attribution (empty for sweeps that predate the table)."""
-    sae: pl.LazyFrame = field(default_factory=lambda: pl.LazyFrame(schema=SAE_SCHEMA), repr=False)
-    """`sweep probe sae`'s rows (empty when the probe never ran)."""
-    files: Mapping[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
+    files: Mapping[str, tuple[str, ...]]
 
     @property
     def name(self) -> str:
@@ -54,16 +44,34 @@ class Results:
         return self.path.rstrip("/").rsplit("/", 1)[-1]
 
     def tables(self) -> dict[str, pl.LazyFrame]:
-        """``{"runs": ..., "metrics": ..., "curves": ..., "checks": ..., "dims": ..., "sae": ...}``."""
+        """Every table by name, in ``TABLES`` order: ``{"runs": ..., "metrics": ..., ...}``."""
         return {t: getattr(self, t) for t in TABLES}
 
     def done_runs(self) -> pl.LazyFrame:
         """Runs whose status is ``done`` (failed and diverged trials excluded)."""
-        return self.runs.filter(pl.col("status") == "done")
+        return self.runs.filter(pl.col("status") == "done")  # type: ignore[attr-defined]
 
     def __repr__(self) -> str:
         counts = ", ".join(f"{t}={len(self.files.get(t, ()))}" for t in TABLES)
         return f"Results({self.path!r}, files: {counts})"
+
+
+def _empty(table: str) -> Callable[[], pl.LazyFrame]:
+    return lambda: pl.LazyFrame(schema=SCHEMAS[table])
+
+
+Results = make_dataclass(
+    "Results",
+    [("path", str),
+     *[(t, pl.LazyFrame, field(default_factory=_empty(t))) for t in TABLES],
+     ("files", Mapping[str, tuple[str, ...]], field(default_factory=dict))],
+    bases=(_Tables,), frozen=True, eq=False, repr=False,  # _Tables.__repr__: the file counts
+)
+Results.__module__ = __name__  # for pickle (make_dataclass's module= is Python 3.12's)
+Results.__doc__ = """One sweep's tables, lazily: a field per table of ``TABLES`` (``r.runs``, ``r.metrics``,
+``r.dims``, ...), so a table declared in resultstore.schema is read with no line here. An empty
+frame (with the contract's schema) stands in for a table that has no files (``dims`` and
+``sae`` in sweeps that predate them). ``files`` lists the Parquet files behind each table."""
 
 
 def load(path: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None) -> Results:

@@ -215,7 +215,7 @@ def test_package_exports() -> None:
 def test_light_modules_load_eagerly_and_the_heavy_ones_on_first_use() -> None:
     code = (
         "import sys, analysis\n"
-        "from analysis import fits, identity, load, queries, schema, selection\n"
+        "from analysis import fits, identity, load, queries, selection\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('altair', 'vl_convert'))\n"
         "assert not heavy, heavy\n"
         "assert 'analysis.queries' in sys.modules and 'analysis.fits' in sys.modules\n"
