@@ -115,3 +115,47 @@ def test_a_sweep_nested_in_a_table_folder_is_named_damaged_not_a_crash(tmp_path)
     result = CliRunner().invoke(app, ["verify", str(tmp_path / "S")])
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     assert "metrics/inner/runs/" in result.output and "missing ['step']" in result.output, result.output
+
+
+NEW_TABLE = """
+import sys
+import pyarrow as pa
+import resultstore.schema as schema
+
+# a table declared the way a new one is: its schema entry (TABLES, ARROW), nothing else
+schema.ARROW["probe"] = pa.schema([("trial_id", pa.string()), ("step", pa.int64()), ("value", pa.float64())])
+schema.TABLES = (*schema.TABLES, "probe")
+schema.SCHEMAS["probe"] = schema._polars(schema.ARROW["probe"])
+
+from resultstore.reader import load
+from resultstore.writer import ResultsStore
+from study.train import MemorySink
+
+root = sys.argv[1]
+store = ResultsStore(root, "s")
+sink = store.sink("t")
+sink.begin(None)
+for step in (1, 2):
+    sink.rows("probe", [{"step": step, "value": float(step)}])
+    sink.flush(step)
+store.sink("t").begin(1)  # a resume after step 1 drops the part of step 2
+store.write_run({"trial_id": "t", "status": "done"})
+assert load(f"{root}/s").probe.collect()["value"].to_list() == [1.0]
+memory = MemorySink()
+memory.rows("probe", [{"step": 1, "value": 1.0}, {"step": 2, "value": 2.0}])
+memory.begin(1)
+assert memory.tables["probe"] == [{"step": 1, "value": 1.0}]
+print("ok")
+"""
+
+
+def test_a_new_table_is_its_schema_entry_and_its_producer(tmp_path):
+    """Issue 35: the sink, the writer (parts, discard on resume) and the reader loop over the
+    schema's tables, so a table declared there is written, resumed exactly once and read with
+    no other line (its producer here: the rows this test hands the sink)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", NEW_TABLE, str(tmp_path)], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).parents[1])
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
