@@ -10,7 +10,7 @@ import polars as pl
 
 from analysis.power_law import t_critical
 from analysis.identity import ID_COLUMNS, with_ids
-from analysis.load import CONFIG_ID, LABEL_COLUMNS, SCHEMAS, SIZE_COLUMNS, TABLES, Results, attention_label, rotation_label
+from analysis.load import CONFIG_ID, SCHEMAS, SIZE_COLUMNS, TABLES, Results, attention_label, label_columns, rotation_label
 
 __all__ = [
     "CONTROL", "SORT", "LayerAgg", "Layers", "QueryError", "Source", "at_step", "carried", "config_keys",
@@ -46,7 +46,7 @@ def carried(columns: Sequence[str] | pl.Schema, keys: Sequence[str] = ()) -> lis
     """The label columns present among ``columns`` (sizes, hyper-parameters, ids) that ride
     along a config_id aggregate as its first value."""
     names = set(columns)
-    every = (*SIZE_COLUMNS, *LABEL_COLUMNS, *ID_COLUMNS)
+    every = (*SIZE_COLUMNS, *label_columns(), *ID_COLUMNS)  # at call time: a registered optimiser's column too
     return [c for c in dict.fromkeys(every) if c in names and c not in keys]
 
 

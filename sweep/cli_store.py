@@ -51,6 +51,7 @@ def open_store(results: str, sweep: str):
 
 def sweep_store(folder: str):
     """The ResultsStore of the sweep folder `folder` (what sweep_folder resolved), to read."""
+    import study.optim  # noqa: F401  (torch-free: each optimiser declares its own runs columns' roles)
     from resultstore.writer import ResultsStore
 
     return ResultsStore.at(folder)

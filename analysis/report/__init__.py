@@ -35,7 +35,6 @@ from typing import Any, Literal
 
 import polars as pl
 
-from analysis import storage
 from analysis.load import Results, load
 from analysis.multiplicity import DEFAULT_PRIMARY, PrimaryContrast, parse_primary
 from analysis.report import privilege, render
@@ -43,6 +42,7 @@ from analysis.report.content import COUNT_FIT_NOTE, build
 from analysis.report.fits import DEFAULT_FITS, FitSpec
 from analysis.report.section import ReportContent
 from analysis.vega_workers import VegaWorkers
+from resultstore import uri as storage
 
 __all__ = ["DEFAULT_FITS", "FitSpec", "ReportResult", "write_report"]
 
