@@ -174,6 +174,7 @@ def write_store(
     lr_penalty: float = 0.05,
     sharing: bool = False,
     quant: bool = True,
+    quant_se: bool = False,
     basis_test: bool = False,
     failed: int = 0,
     diverged: int = 0,
@@ -419,6 +420,9 @@ def write_store(
             * (0.1 * pl.col("z")).exp(),
         )
         m = pl.concat([m, q.cast(m.schema)])  # type: ignore[arg-type]
+        if quant_se:  # each penalty's standard error over the eval sequences: a fifth of its size
+            m = pl.concat([m, q.with_columns(metric=pl.lit("quant_loss_delta_se"), value=0.2 * pl.col("value"))
+                          .cast(m.schema)])  # type: ignore[arg-type]
     if sinks:
         m = pl.concat([m, _sink_rows(runs, step_frame).cast(m.schema)])  # type: ignore[arg-type]
 

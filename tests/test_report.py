@@ -487,3 +487,14 @@ def test_one_family_still_gets_raw_kurtosis_against_size_with_its_null(tmp_path:
     assert "kurtosis_vs_params" in rep.charts and "kurtosis_by_family" not in rep.charts
     svg = (tmp_path / "rep" / "kurtosis_vs_params.svg").read_text()
     assert "null 3(d−1)/(d+1)" in svg
+
+
+def test_the_quantisation_note_reads_the_eval_batch_floor_where_it_was_recorded(tmp_path) -> None:
+    """Was: the report's metric pass kept quant_loss_delta only, so every store read 'no eval-batch
+    floor recorded' though trials since study.quant writes quant_loss_delta_se beside it."""
+    from synthetic_store import write_store
+
+    s = write_store(tmp_path, name="floor", sizes=(32, 64), seeds=(0, 1), steps=(0, 10), quant_se=True)
+    rep = write_report(s.path, tmp_path / "out", formats=("svg",), n_boot=50)
+    notes = [n for n in rep.notes if n.startswith(("W8A8", "W4A4"))]
+    assert len(notes) == 2 and all("eval-batch floor (2 SE" in n for n in notes), notes

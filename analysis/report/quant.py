@@ -42,4 +42,4 @@ def floor_note(scheme: str, qt: pl.DataFrame) -> str:
             "within it of 0, and differences between penalties smaller than it are this batch's noise.")
 
 
-SECTION = Section("quant", add, metrics=("quant_loss_delta",))
+SECTION = Section("quant", add, metrics=("quant_loss_delta", "quant_loss_delta_se"))
