@@ -79,16 +79,18 @@ def plan(
     except ValueError as exc:
         raise bad_input(str(exc)) from None
     table = Table(title=f"{spec.name}: {len(trials)} trials", show_lines=False)
-    for col in ("#", "trial", "model (d×L×h)", "optimizer", "lr", "norm", "rotation", "seed", "params",
-                "tokens", "FLOPs", "est.", "status"):
+    attention = any(t.attention.name != "softmax" for t in trials)  # a column only where it varies
+    for col in ("#", "trial", "model (d×L×h)", "optimizer", "lr", "norm", *(["attention"] * attention), "rotation",
+                "seed", "params", "tokens", "FLOPs", "est.", "status"):
         table.add_column(col, justify="right" if col in ("#", "lr", "seed", "params", "tokens", "FLOPs", "est.") else "left")
     for i, t in enumerate(trials):
         if all_rows or i < 40:
             m = t.model
             table.add_row(str(i), t.trial_id, f"{m.d_model}×{m.n_layers}×{m.n_heads}", t.optimizer.name,
-                          f"{t.optimizer.lr:g}", t.norm, t.rotation.label, str(t.seed), human(t.params),
-                          human(t.total_tokens), human(t.flops_per_token * t.total_tokens),
-                          duration(est.trial_s[i]), statuses.get(t.trial_id, "pending"))
+                          f"{t.optimizer.lr:g}", t.norm, *([t.attention.label] * attention), t.rotation.label,
+                          str(t.seed), human(t.params), human(t.total_tokens),
+                          human(t.flops_per_token * t.total_tokens), duration(est.trial_s[i]),
+                          statuses.get(t.trial_id, "pending"))
     out.print(table)
     if not all_rows and len(trials) > 40:
         out.print(f"... {len(trials) - 40} more (--all lists them)")

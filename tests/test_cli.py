@@ -33,6 +33,19 @@ def test_plan_lists_every_trial_with_its_size(tmp_path):
     assert not (tmp_path / "smoke").exists()
 
 
+def test_plan_shows_the_attention_column_where_a_trial_varies_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "220")  # the whole table on one line per trial
+    plain = invoke("plan", SMOKE, "--results", tmp_path)
+    assert plain.exit_code == 0 and "┃ attention" not in plain.output, plain.output
+    spec = tmp_path / "gated.yaml"
+    spec.write_text(SMOKE.read_text().replace("norm: [rmsnorm_scalar]", "norm: [rmsnorm_scalar]\n  attention: [softmax, gated]"))
+    result = invoke("plan", spec, "--results", tmp_path)
+    assert result.exit_code == 0 and "smoke: 4 trials" in result.output, result.output
+    rows = [line for line in result.output.splitlines() if "rmsnorm_scalar" in line]
+    assert "┃ attention" in result.output and sorted(r.split("rmsnorm_scalar")[1].split()[1] for r in rows) == [
+        "gated", "gated", "softmax", "softmax"], result.output
+
+
 def test_train_then_status_then_query(tmp_path):
     result = invoke("train", SMOKE, "--trial", "1", "--results", tmp_path)
     assert result.exit_code == 0, result.output
