@@ -320,10 +320,12 @@ def _build(cfg: TrialConfig, sharding: str) -> _Setup:
     eval_model = Transformer.from_config(cfg).to(device) if sharded and ranks.main else model
     optimizer = build_optimizer(cfg, model)  # on the shards, under fsdp
     step_model = torch.compile(parallel_model) if should_compile(cfg.runtime.compile, device, cfg.params) else parallel_model
+    tokens = corpus_token_info(corpus)  # delimiters from the corpus's counts (a BPE vocabulary), not one eval batch's
     return _Setup(
         cfg=cfg, ranks=ranks, sharded=sharded, device=device, autocast=autocast, corpus=corpus, eval_batch=eval_batch_,
         model=model, eval_model=eval_model, step_model=step_model, optimizer=optimizer,
-        probe=ActivationProbe(eval_model, cfg.seed), attribution=Attribution(eval_model, corpus_token_info(corpus), cfg.seed),
+        probe=ActivationProbe(eval_model, cfg.seed, delimiter=tokens.delimiter),
+        attribution=Attribution(eval_model, tokens, cfg.seed),
         data_gen=generator_for(cfg.seed, "data"), rows=distributed.local_rows(cfg.train.batch_size, ranks),
     )
 

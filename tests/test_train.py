@@ -176,3 +176,20 @@ def test_quantisation_cost_rides_in_the_evals_one_readback(readbacks):
                       "checkpoint_every": 0, "invariance_check": False, "quant_every": 1}))
     readbacks.pop("numpy")
     assert readbacks == {"tolist": 5, "item": 0, "cpu": 0}
+
+
+def test_a_token_corpus_gives_the_sink_probe_its_corpus_delimiters(tmp_path):
+    """A non-byte vocabulary has no fixed delimiter ids: the probe's sink metrics take the corpus's
+    frequent ids (study.attribution's TokenInfo), as the attribution does, not one eval batch's."""
+    import numpy as np
+
+    from study.attribution import N_FREQUENT, corpus_token_info
+    from study.train import _build
+
+    rng = np.random.default_rng(0)
+    rng.zipf(1.3, 20_000).clip(max=499).astype(np.uint16).tofile(tmp_path / "train.bin")
+    cfg = tiny(data={"tokens": str(tmp_path / "train.bin"), "vocab_size": 500, "seq_len": 16})
+    setup = _build(cfg, "ddp")  # one process: no sharding
+    want = corpus_token_info(setup.corpus).delimiter
+    assert setup.probe.delimiter is not None and torch.equal(setup.probe.delimiter, want)
+    assert int(want.sum()) == N_FREQUENT
