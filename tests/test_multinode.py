@@ -127,7 +127,7 @@ def test_a_lost_node_s_trial_resumes_on_the_survivor_exactly_once(tmp_path, clus
 
 def test_a_killed_driver_then_rerun_skips_finished_trials(tmp_path, cluster):
     c, _ = cluster
-    spec_path = write_spec(tmp_path, 400)
+    spec_path = write_spec(tmp_path, 150)  # long enough that the kill lands inside the second trial
     results = tmp_path / "r"
     proc = driver(spec_path, c.address, results, "--max-concurrent", "1")
     runs_dir = results / "nodes" / "runs"
