@@ -123,28 +123,3 @@ def test_a_lost_node_s_trial_resumes_on_the_survivor_exactly_once(tmp_path, clus
         assert got.height == got.unique(k).height == want.height, table
         drop = ["tokens_per_s"] if table == "curves" else []
         assert got.drop(drop).sort(k).equals(want.drop(drop).sort(k)), table
-
-
-def test_a_killed_driver_then_rerun_skips_finished_trials(tmp_path, cluster):
-    c, _ = cluster
-    spec_path = write_spec(tmp_path, 150)  # long enough that the kill lands inside the second trial
-    results = tmp_path / "r"
-    proc = driver(spec_path, c.address, results, "--max-concurrent", "1")
-    runs_dir = results / "nodes" / "runs"
-    deadline = time.time() + 240
-    while not list(runs_dir.glob("*.parquet")):
-        assert time.time() < deadline and proc.poll() is None, "no trial finished"
-        time.sleep(0.1)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    (finished,) = runs_dir.glob("*.parquet")
-    mtime = finished.stat().st_mtime_ns
-
-    again = driver(spec_path, c.address, results)
-    output, _ = again.communicate(timeout=300)
-    assert again.returncode == 0, output
-    assert "1 already complete, 1 to run" in output, output
-    assert finished.stat().st_mtime_ns == mtime, "a finished trial was re-run"
-    runs = ResultsStore(results, "nodes").read("runs")
-    assert runs.height == 2 and set(runs["status"]) == {"done"}
-
