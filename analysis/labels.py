@@ -8,7 +8,8 @@ from typing import Any
 
 from resultstore.schema import Role, runs_columns
 
-__all__ = ["BASIS_SERIES", "LABEL_AXES", "SITE_NAMES", "trial_label", "trial_labels", "varying_axes"]
+__all__ = ["BASIS_SERIES", "LABEL_AXES", "SITE_NAMES", "label_rows", "labels_for", "trial_label", "trial_labels",
+           "varying_axes"]
 
 SITE_NAMES = {
     ("resid", "stored"): "residual stream",
@@ -126,3 +127,21 @@ def trial_labels(rows: Sequence[Mapping[str, Any]], options: Iterable[str] = (),
                 if tuple(_key(r.get(c)) for c in _WITHIN.get(a, ("optimizer",))) in groups]
         out.append(trial_label(r, axes, sep=sep))
     return out
+
+
+def label_rows(trials: Sequence[Any]) -> tuple[list[dict], list[str]]:
+    """Each trial's flat columns plus the options of its own optimiser that no runs column holds
+    (muon_lr_ratio, shampoo_beta, ...: its config's label_options), and the names of those
+    options: the input of trial_labels. Duck-typed over study.config.TrialConfig."""
+    rows, options = [], set()
+    for t in trials:
+        own = t.optimizer.label_options()
+        options |= set(own)
+        rows.append({**t.flat(), **own})
+    return rows, sorted(options)
+
+
+def labels_for(trials: Sequence[Any]) -> dict[str, str]:
+    """trial_id -> a label naming every axis that varies among `trials` (and no other)."""
+    rows, options = label_rows(trials)
+    return dict(zip((t.trial_id for t in trials), trial_labels(rows, options), strict=True))

@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from sweep.cli_store import SweepArg, open_store, refuse_damaged, sweep_folder, sweep_store
+from sweep.cli_store import ResultsOpt, SpecArg, SweepArg, load, open_store, refuse_damaged, sweep_folder, sweep_store
 from sweep.console import bad_input, duration, err, human, out, q, reason, refuse
 
 __all__ = ["app"]  # the typer app (the `sweep` console script); the rest serves its commands
@@ -23,23 +23,6 @@ EXIT_CODES = ("Exit codes: 0 every trial done, or diverged inside an lr ladder (
               "diverged outside a ladder or did not finish; 2 bad input.")
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Scaling-study sweeps: why residual streams grow basis-aligned outliers.\n\n" + EXIT_CODES)
-SpecArg = Annotated[Path, typer.Argument(help="Sweep spec YAML (see specs/).", show_default=False)]
-ResultsOpt = Annotated[str, typer.Option("--results", "-r", help="Results root, a folder or s3:// / gs:// URI; "
-                                         "the sweep writes <results>/<spec name>/. A custom S3 endpoint comes "
-                                         "from AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3).")]
-
-
-
-def load(spec_path: Path, *, unprepared_ok: bool = False):
-    """Spec + grid, or exit 2 with the located message."""
-    from sweep.grid import expand
-    from sweep.spec import SpecError, load_spec
-
-    try:
-        spec = load_spec(spec_path, unprepared_ok=unprepared_ok)
-        return spec, expand(spec)
-    except SpecError as exc:
-        raise bad_input(str(exc)) from None
 
 
 # ---- plan ------------------------------------------------------------------------------------
@@ -437,10 +420,10 @@ def query(
 
 from sweep.cli_data import data_app  # noqa: E402  (commands of their own modules, on this app)
 from sweep.cli_probe import probe_app  # noqa: E402
+from sweep.cli_next import next_ladders  # noqa: E402
 
+app.command("next")(next_ladders)
 app.add_typer(data_app, name="data")
-
-
 app.add_typer(probe_app, name="probe")
 
 

@@ -1,15 +1,34 @@
-"""Where a verb reads or writes: `--results` and a sweep folder argument resolved into a
-ResultsStore once, at the CLI, or exit 2 naming why not (nothing written, nothing started)."""
+"""What a verb reads or writes: a spec loaded, `--results` and a sweep folder argument resolved
+into a ResultsStore once, at the CLI, or exit 2 naming why not (nothing written, nothing started)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from sweep.console import bad_input, refuse
 
-__all__ = ["SweepArg", "open_store", "refuse_damaged", "sweep_folder", "sweep_store"]
+__all__ = ["ResultsOpt", "SpecArg", "SweepArg", "load", "open_store", "refuse_damaged", "sweep_folder", "sweep_store"]
+
+SpecArg = Annotated[Path, typer.Argument(help="Sweep spec YAML (see specs/).", show_default=False)]
+ResultsOpt = Annotated[str, typer.Option("--results", "-r", help="Results root, a folder or s3:// / gs:// URI; "
+                                         "the sweep writes <results>/<spec name>/. A custom S3 endpoint comes "
+                                         "from AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3).")]
+
+
+def load(spec_path: Path, *, unprepared_ok: bool = False):
+    """Spec + grid, or exit 2 with the located message."""
+    from sweep.grid import expand
+    from sweep.spec import SpecError, load_spec
+
+    try:
+        spec = load_spec(spec_path, unprepared_ok=unprepared_ok)
+        return spec, expand(spec)
+    except SpecError as exc:
+        raise bad_input(str(exc)) from None
+
 
 SweepArg = Annotated[str, typer.Argument(help="A sweep's results folder or URI (results/<name>, s3://bucket/study/<name>).",
                                          show_default=False)]

@@ -8,28 +8,10 @@ from __future__ import annotations
 from ray.tune import Callback
 from rich.progress import Progress
 
-from analysis.labels import trial_labels
+from analysis.labels import labels_for
 from study.config import TrialConfig
 
-__all__ = ["label_rows", "labels_for", "ProgressCallback"]
-
-def label_rows(trials: list[TrialConfig]) -> tuple[list[dict], list[str]]:
-    """Each trial's flat columns plus the options of its own optimiser that no runs column holds
-    (muon_lr_ratio, shampoo_beta, ...: its config's label_options), and the names of those
-    options: the input of analysis.labels.trial_labels."""
-    rows, options = [], set()
-    for t in trials:
-        own = t.optimizer.label_options()
-        options |= set(own)
-        rows.append({**t.flat(), **own})
-    return rows, sorted(options)
-
-
-def labels_for(trials: list[TrialConfig]) -> dict[str, str]:
-    """trial_id -> a label naming every axis that varies among `trials` (and no other)."""
-    rows, options = label_rows(trials)
-    return dict(zip((t.trial_id for t in trials), trial_labels(rows, options), strict=True))
-
+__all__ = ["ProgressCallback"]
 
 class ProgressCallback(Callback):
     def __init__(self, trials: list[TrialConfig], progress: Progress, sweep_trials: list[TrialConfig] | None = None):

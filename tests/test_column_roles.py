@@ -14,7 +14,7 @@ from analysis.load import LABEL_COLUMNS, label_columns
 from analysis.selection import line_labels
 from resultstore.schema import Role, declare_runs_column
 from sweep.grid import expand
-from sweep.progress import label_rows, labels_for
+from analysis.labels import label_rows, labels_for
 from sweep.spec import parse_spec
 
 

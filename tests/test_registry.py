@@ -152,11 +152,10 @@ from study.optim import OPTIMIZER_FAMILY, build_optimizer
 from study.train import train
 from resultstore.writer import ResultsStore
 from analysis.charts.frames import decorate
-from analysis.labels import trial_labels
+from analysis.labels import labels_for, trial_labels
 from analysis.load import load
 from analysis.selection import line_labels
 from sweep.grid import expand
-from sweep.progress import labels_for
 from sweep.spec import SpecError, parse_spec
 
 # validated: its own field is checked where the spec wrote it, and it is nadam's alone
