@@ -1,5 +1,6 @@
-"""The report's learning-rate section: where lr ladders ran at two or more sizes, the best lr
-against size with each config's fitted lr*(N) = lr0 (N/N0)^b (lr_fit.csv)."""
+"""The report's learning-rate section: where lr ladders ran, the final val loss against lr for
+each (is the best an optimum or a bound?); at two or more sizes, the best lr against size with
+each config's fitted lr*(N) = lr0 (N/N0)^b (lr_fit.csv)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from typing import Any
 
 import polars as pl
 
-from analysis import charts
+from analysis import charts, queries
+from analysis.charts.ladders import lr_ladders
 from analysis.lr_fit import fit_lr_scaling, lr_fit_curves
 from analysis.report.section import Context, Section
 
@@ -15,10 +17,16 @@ __all__ = ["SECTION"]
 
 
 def add(ctx: Context) -> None:
-    """The fitted lr*(N) into ``ctx.content.lr_fit``, and its chart."""
+    """The lr ladders' chart; the fitted lr*(N) into ``ctx.content.lr_fit``, and its chart."""
     if not ctx.tuned:
         return
     best = ctx.content.best_lr
+    ctx.say("lr ladders")
+    ctx.chart("lr_ladders", lr_ladders(queries.loss_table(ctx.results, confidence=ctx.confidence), best,
+                                       _diverged(ctx.runs), confidence=ctx.confidence),
+              "Final validation loss against learning rate for every lr ladder (the config without its seed "
+              "and lr), one panel per model size: filled circles are optima inside their ladder, filled squares "
+              "bests at an edge (extend the ladder: `sweep next`), crosses lrs where every seed diverged.")
     # against non-embedding parameters whatever the charts' x: the N of a spec's lr_scaling
     lr_x = "params_non_embedding" if "params_non_embedding" in best.columns else ctx.x
     lr_fit = ctx.content.lr_fit = fit_lr_scaling(best, lr_x, confidence=ctx.confidence)
@@ -32,6 +40,20 @@ def add(ctx: Context) -> None:
         "lr*(N) = lr0 (N/N0)^b per config (lr_fit.csv, with the exponent's "
         f"{ctx.confidence:.0%} t-interval over sizes): " + _lr_fit_words(lr_fit) + ".",
     )
+
+
+def _diverged(runs: pl.DataFrame) -> pl.DataFrame:
+    """Configs whose every seed diverged, with their ladder, lr, optimiser and size."""
+    from analysis.query_base import prepare_runs
+
+    if "status" not in runs.columns:
+        return pl.DataFrame()
+    runs = prepare_runs(runs).collect()
+    gone = runs.group_by("config_id").agg(all_diverged=(pl.col("status") == "diverged").all())
+    keep = [c for c in ("config_id", "tuning_id", "lr", "optimizer", "params_non_embedding", "params", "d_model",
+                        "norm", "rotation", "rotation_label", "group_size", "attention") if c in runs.columns]
+    return (runs.join(gone.filter("all_diverged"), on="config_id", how="semi").select(keep)
+            .unique("config_id", keep="first"))
 
 
 def _lr_fit_words(lr_fit: pl.DataFrame) -> str:
