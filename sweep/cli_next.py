@@ -43,7 +43,8 @@ def next_ladders(
         err.print(f"[yellow]warning:[/] {q(line)}", highlight=False, soft_wrap=True)
     if health.problems:
         err.print(REPAIR, highlight=False)
-    ladders = plan_next(trials, health.runs, spec.grid.seed, seeds)
+    started = health.status.unfinished if health.status is not None else []
+    ladders = plan_next(trials, health.runs, spec.grid.seed, seeds, started)
     out.print(_table(spec.name, ladders))
     counts = {v: sum(lad.verdict == v for lad in ladders) for v in _STYLE}
     new = sum(len(lad.new) for lad in ladders)

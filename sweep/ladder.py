@@ -107,15 +107,17 @@ def _beyond(edge: float, ratio: float, low: bool) -> float:
 
 
 def plan_next(trials: Sequence[TrialConfig], runs: pl.DataFrame, spec_seeds: Sequence[int],
-              seeds: int) -> list[Ladder]:
+              seeds: int, started: Sequence[str] = ()) -> list[Ladder]:
     """One Ladder per tuning group of `trials` (a spec's grid), in grid order, judged from the
-    store's `runs` (every lr stored for the group counts, the spec's or another's)."""
+    store's `runs` (every lr stored for the group counts, the spec's or another's); `started`:
+    trial ids started without a runs row yet (running or interrupted)."""
     from analysis.selection import best_lr
 
     groups: dict[str, list[TrialConfig]] = {}
     for t in trials:
         groups.setdefault(_tuning_id(t), []).append(t)
-    status = dict(zip(runs["trial_id"].to_list(), runs["status"].to_list())) if runs.height else {}
+    status = {tid: "started" for tid in started}
+    status.update(zip(runs["trial_id"].to_list(), runs["status"].to_list()) if runs.height else {})
     best = best_lr(runs) if runs.height else pl.DataFrame({"tuning_id": []}, schema={"tuning_id": pl.String})
     best_by = {r["tuning_id"]: r for r in best.iter_rows(named=True)}
     if runs.height:

@@ -35,7 +35,7 @@ LOSSES = {
     (32, "lion", 3e-4): 2.1, (32, "lion", 1e-3): 2.2, (32, "lion", 3e-3): 2.9,      # low edge
     (32, "muon", 1e-3): 2.3, (32, "muon", 3e-3): 2.2, (32, "muon", 1e-2): None,     # top diverged: inside
     (64, "adam", 1e-3): 1.9, (64, "adam", 3e-3): 1.7, (64, "adam", 1e-2): 1.6,      # high edge
-    (64, "lion", 3e-4): 2.0, (64, "lion", 1e-3): 2.1,                               # waiting
+    (64, "lion", 3e-4): 2.0, (64, "lion", 1e-3): 2.1,                               # waiting: 3e-3 started
     (64, "muon", 1e-3): None, (64, "muon", 3e-3): None, (64, "muon", 1e-2): None,   # all diverged
 }
 
@@ -64,7 +64,8 @@ def _by(ladders):
 
 def test_each_ladder_gets_its_verdict_and_next_trials():
     spec, trials = _spec()
-    ladders = _by(plan_next(trials, _runs(trials), spec.grid.seed, 3))
+    started = [t.trial_id for t in trials if (t.model.d_model, t.optimizer.name, t.optimizer.lr) == (64, "lion", 3e-3)]
+    ladders = _by(plan_next(trials, _runs(trials), spec.grid.seed, 3, started))
     verdicts = {k: lad.verdict for k, lad in ladders.items()}
     assert verdicts == {(32, "adam"): "seeds", (32, "lion"): "extend", (32, "muon"): "seeds",
                         (64, "adam"): "extend", (64, "lion"): "waiting", (64, "muon"): "extend"}
@@ -73,9 +74,9 @@ def test_each_ladder_gets_its_verdict_and_next_trials():
     assert lrs_seeds[(32, "lion")] == [(1e-4, 0)]                   # 3e-4 / (1e-3/3e-4) = 9e-5 -> 1e-4
     assert lrs_seeds[(32, "muon")] == [(3e-3, 1), (3e-3, 2)]       # a diverged top bounds the ladder
     assert lrs_seeds[(64, "adam")] == [(3e-2, 0)]                   # the high edge: 1e-2 x 3.33 -> 0.03
-    assert lrs_seeds[(64, "lion")] == []                            # 1e-3 at d 64 not finished
+    assert lrs_seeds[(64, "lion")] == []                            # 3e-3 at d 64 not finished
     assert lrs_seeds[(64, "muon")] == [(3e-4, 0)]                   # every lr diverged: below the smallest
-    assert ladders[(64, "lion")].why.startswith("1 of its 3 trials not finished (pending)")
+    assert ladders[(64, "lion")].why == "1 of its 3 trials not finished (started)"
     assert ladders[(32, "muon")].losses == {1e-3: 2.3, 3e-3: 2.2, 1e-2: None}
     assert ladders[(32, "adam")].best == 3e-3 and ladders[(64, "lion")].best is None
     assert {lad.label for lad in ladders.values()} == {"adam", "lion", "muon"}  # the model has its own column
