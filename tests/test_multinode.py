@@ -1,7 +1,10 @@
 """A real multi-node Ray on this machine (ray.cluster_utils.Cluster: a head and a worker raylet,
 each with its own CPU), driven by `sweep run --address` in a separate process, as a user does:
-trials spread over both nodes, a worker node lost mid-sweep, the driver SIGKILLed."""
+trials spread over both nodes, a two-worker trial spanning both, a worker node lost mid-sweep.
+One cluster serves the module (each test's driver is a job of its own); the lost-node test,
+which removes the worker node, runs last."""
 
+import json
 import os
 import signal
 import subprocess
@@ -20,7 +23,7 @@ from sweep.trainable import train_trial
 pytestmark = pytest.mark.slow
 SPEC = """name: nodes
 data: {corpus: stdlib, seq_len: 16}
-train: {steps: STEPS, batch_size: 4, eval_every: 50, checkpoint_every: 100, eval_batch: {sequences: 2}}
+train: {steps: STEPS, batch_size: 4, eval_every: 50, checkpoint_every: 50, eval_batch: {sequences: 2}}
 grid:
   model: [{d_model: 16, n_layers: 2, n_heads: 2}]
   optimizer: [{name: adam, lr: 3.0e-3}, {name: sgd, lr: 0.1}]
@@ -31,7 +34,7 @@ retries: 1
 """
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def cluster():
     from ray.cluster_utils import Cluster
 
@@ -87,9 +90,38 @@ def test_trials_spread_over_both_nodes(tmp_path, cluster):
     assert sorted(node_ids(runs)) == sorted(heads), runs.select("trial_id", "node")
 
 
+DDP_SPEC = {
+    "name": "ddp",
+    "data": {"seq_len": 16},
+    "train": {"steps": 12, "batch_size": 4, "eval_every": 4, "checkpoint_every": 0, "eval_batch": {"sequences": 2},
+              "invariance_check": False},
+    "grid": {"model": [{"d_model": 32, "n_layers": 2, "n_heads": 2}], "optimizer": [{"name": "adam", "lr": 3e-3}],
+             "norm": ["rmsnorm_scalar"], "seed": [0]},
+    "resources": {"cpu": 1, "workers": 2},
+    "retries": 1,
+}
+
+
+def test_a_two_worker_trial_spans_both_nodes(tmp_path, cluster):
+    """(From tests/test_distributed.py, to share this module's cluster.) A trial of two 1-CPU
+    Ray Train workers on a head and a worker raylet with one CPU each can only run with one
+    worker on each node, so finishing it is the proof that it spanned both."""
+    c, _ = cluster
+    spec = tmp_path / "ddp.yaml"
+    spec.write_text(json.dumps(DDP_SPEC))
+    proc = driver(spec, c.address, tmp_path / "r")
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output
+    runs = ResultsStore(tmp_path / "r", "ddp").read("runs")
+    assert runs["status"].to_list() == ["done"] and runs["steps"].to_list() == [12]
+
+
 def test_a_lost_node_s_trial_resumes_on_the_survivor_exactly_once(tmp_path, cluster):
+    """Last in the module: it removes the shared cluster's worker node. 300 steps: both trials
+    checkpoint at step 50 and the node goes at once, with 250 steps still to run (the test
+    fails if either trial finished first)."""
     c, worker = cluster
-    spec_path = write_spec(tmp_path, 700)
+    spec_path = write_spec(tmp_path, 300)
     results = tmp_path / "r"
     proc = driver(spec_path, c.address, results)
     spec = load_spec(spec_path)
