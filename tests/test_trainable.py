@@ -58,15 +58,20 @@ class KillOneTrainWorkerAfterTheStoredCheckpoint:
 
 
 def recorder():
-    """A Tune callback keeping every result a trial reports, in order."""
+    """A Tune callback keeping every result a trial reports, in order, and counting the retries
+    Tune schedules (a trial failed and was started again)."""
     from ray.tune import Callback
 
     class Recorder(Callback):
         def __init__(self):
             self.results: list[dict] = []
+            self.retried: list[str] = []
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
             self.results.append({**result, "ours": trial.config["point"]["trial_id"]})
+
+        def on_trial_recover(self, iteration, trials, trial, **info):
+            self.retried.append(trial.config["point"]["trial_id"])
 
     return Recorder()
 
@@ -90,6 +95,7 @@ def test_a_two_worker_trial_writes_to_s3_resumes_from_the_bucket_and_reports_eac
     seen = recorder()
     outcome = run_sweep(spec, [cfg], ResultsStore(root, spec.name), on_start=lambda todo: [seen])
     assert len(killer.killed) == 1, "no Ray Train worker was killed"
+    assert seen.retried == [cfg.trial_id], "the kill did not fail the running trial (it came too late)"
     assert outcome.failed == [] and outcome.missing == [], outcome
 
     store = ResultsStore(root, spec.name)
@@ -132,7 +138,8 @@ def test_a_two_worker_fsdp_trial_runs_through_ray_train_to_the_one_worker_values
 
     spec = parse_spec({**SPEC, "name": "fsdp", "train": {**SPEC["train"], "steps": 12, "eval_every": 4,
                                                          "checkpoint_every": 4},
-                       "resources": {"cpu": 1, "workers": 2, "sharding": "fsdp"}})
+                       "resources": {"cpu": 1, "workers": 2, "sharding": "fsdp"},
+                       "retries": 0})  # the soap trial fails by design: no retry (a third Ray Train fit)
     (cfg,) = expand(spec)
     # the sharding reaches every worker's train(): soap (whole-matrix preconditioner), which the spec
     # check refuses under fsdp, is built here without it and fails inside the workers
