@@ -8,8 +8,8 @@ from typing import Any
 
 from resultstore.schema import Role, runs_columns
 
-__all__ = ["BASIS_SERIES", "LABEL_AXES", "SITE_NAMES", "label_rows", "labels_for", "trial_label", "trial_labels",
-           "varying_axes"]
+# label_rows and labels_for take sweep's Trial objects: they serve sweep's CLI, not analysis's public surface
+__all__ = ["BASIS_SERIES", "LABEL_AXES", "SITE_NAMES", "trial_label", "trial_labels", "varying_axes"]
 
 SITE_NAMES = {
     ("resid", "stored"): "residual stream",
