@@ -155,8 +155,7 @@ def run(
         loc = getattr(exc, "loc", None)  # a resource no node has: point at the spec's line
         line = line_in(spec_path, loc) if loc else None
         raise bad_input(f"{spec_path}: {exc}" + (f" (line {line})" if line else "") if loc else str(exc)) from None
-    out.print(f"{outcome.launched} trials run, {outcome.skipped} skipped, in {duration(outcome.wall_s)}. "
-              f"Results: [bold]{q(folder)}[/]")
+    out.print(f"{run_summary(outcome)} Results: [bold]{q(folder)}[/]")
     if outcome.launched:
         out.print(f"  sweep status {q(folder)}\n  sweep report {q(folder)}\n"
                   f"  sweep query {q(folder)} \"SELECT optimizer, avg(value) FROM metrics JOIN runs USING (trial_id) "
@@ -168,11 +167,25 @@ def run(
         out.print(f"[yellow]{len(ladder)} diverged (ladder)[/]: {', '.join(ladder)}: each differs from a done trial "
                   "only in its lr, so it bounds that lr ladder from above (expected; `sweep report` picks the best "
                   "lr that finished)", highlight=False)
-    bad = outcome.unexpected
+    bad = [t for t in outcome.failed if t not in outcome.ladder]
     if bad:
-        err.print(f"[red]{len(bad)} trial(s) failed, diverged outside an lr ladder or did not finish[/]: "
-                  f"{', '.join(bad)}")
+        err.print(f"[red]{len(bad)} trial(s) failed or diverged outside an lr ladder[/]: {', '.join(bad)}")
+    if outcome.missing:
+        err.print(f"[red]{len(outcome.missing)} trial(s) did not finish[/] (interrupted or killed; running the spec "
+                  f"again resumes each from its last checkpoint): {', '.join(outcome.missing)}")
+    if outcome.unexpected:
         raise typer.Exit(1)
+
+
+def run_summary(outcome) -> str:
+    """One line for the end of `sweep run`: what was launched, skipped, and how each launched trial ended.
+    An interrupted run says so rather than counting its unfinished trials as run."""
+    from resultstore.schema import STATUSES
+
+    ended = [(status, sum(s == status for s in outcome.statuses.values())) for status in (*STATUSES, "missing")]
+    how = ", ".join(f"{n} {'unfinished' if status == 'missing' else status}" for status, n in ended if n)
+    return (f"{outcome.launched} trials launched, {outcome.skipped} skipped, in {duration(outcome.wall_s)}"
+            + (f": {how}." if how else "."))
 
 
 def report_to_tracker(tracker: str, target: str, store) -> None:

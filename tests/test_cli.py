@@ -159,3 +159,17 @@ def test_rerunning_a_sweep_whose_trials_diverged_says_so(tmp_path):
     r = invoke("run", SMOKE, "--results", tmp_path)  # nothing to run: Ray never starts
     assert r.exit_code == 0, r.output
     assert "2 already complete (2 of them diverged" in r.output and trials[0].trial_id in r.output, r.output
+
+
+def test_the_run_summary_counts_an_interrupted_run_s_unfinished_trials_apart():
+    from sweep.cli import run_summary
+    from sweep.launch import SweepOutcome
+
+    interrupted = SweepOutcome(total=24, skipped=0, launched=24, wall_s=5760.0,
+                               statuses={**{f"d{i}": "done" for i in range(4)}, **{f"m{i}": "missing" for i in range(20)}})
+    assert run_summary(interrupted) == "24 trials launched, 0 skipped, in 1.6h: 4 done, 20 unfinished."
+    mixed = SweepOutcome(total=5, skipped=2, launched=3, wall_s=30.0,
+                         statuses={"a": "done", "b": "diverged", "c": "failed"})
+    assert run_summary(mixed) == "3 trials launched, 2 skipped, in 30s: 1 done, 1 failed, 1 diverged."
+    assert run_summary(SweepOutcome(total=2, skipped=2, launched=0, wall_s=1.0, statuses={})) == (
+        "0 trials launched, 2 skipped, in 1s.")

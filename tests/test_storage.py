@@ -137,14 +137,14 @@ def test_every_verb_works_on_an_s3_uri(s3, tmp_path, monkeypatch):
     assert sum("/runs/" in k for k in keys) == 2 and any("/metrics/" in k for k in keys)
 
     again = sweep_cli("run", spec, "--results", "s3://bars/study")
-    assert again.returncode == 0 and "0 trials run, 2 skipped" in again.stdout, again.stdout + again.stderr
+    assert again.returncode == 0 and "0 trials launched, 2 skipped" in again.stdout, again.stdout + again.stderr
     assert objects(uri) == keys
 
     spec.write_text(TINY.replace("SEEDS", "0, 1"))
     plan = invoke("plan", spec, "--results", "s3://bars/study")
     assert plan.exit_code == 0 and "2/4 done" in plan.output, plan.output
     grown = sweep_cli("run", spec, "--results", "s3://bars/study")
-    assert grown.returncode == 0 and "2 trials run, 2 skipped" in grown.stdout, grown.stdout + grown.stderr
+    assert grown.returncode == 0 and "2 trials launched, 2 skipped" in grown.stdout, grown.stdout + grown.stderr
 
     results = load("s3://bars/study")  # a results root holding one sweep
     runs = results.runs.collect()
