@@ -1,12 +1,17 @@
 """How long a sweep takes: trial FLOPs / a sustained FLOP/s, and where that rate comes from.
 
 The rate, in order of preference:
-1. measured by this sweep's finished runs (median of flops_per_token x tokens_per_s);
-2. the per-device throughput table (sweep/throughput.json, filled by
+1. measured by this sweep's finished runs of the trial's size (median of flops_per_token x
+   tokens_per_s over the done rows with its parameter count);
+2. for a size no finished run has: the table's rate at that size (below), scaled by the median
+   ratio of the measured rates to the table's at the sizes that did finish: small models run
+   further from the peak than large ones, so one rate for every size misjudged both ends (a d128
+   trial was planned at 13 min from the d192 runs' rate; it took 18);
+3. the per-device throughput table (sweep/throughput.json, filled by
    benchmarks/bench_throughput.py): sustained training FLOP/s measured at a few model sizes,
    interpolated log-log in parameters; beyond the measured sizes the nearest point's rate is
    used and the estimate says it is extrapolating;
-3. no measurement for the device: its peak (study.device.PEAK_FLOPS) x ASSUMED_MFU for a GPU,
+4. no measurement for the device: its peak (study.device.PEAK_FLOPS) x ASSUMED_MFU for a GPU,
    ASSUMED_CPU_FLOPS for a CPU: an extrapolation, and the estimate says so.
 
 CPU rates are per thread in the table and scale with the trial's threads (resources.cpu). A
@@ -20,6 +25,8 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,18 +105,39 @@ def table_rate(table: dict, device: str, params: int, threads: int = 1) -> Rate:
     raise AssertionError("unreachable")
 
 
-def measured_flops_per_s(runs) -> float | None:
-    """FLOP/s this sweep's finished runs sustained (median of flops_per_token x tokens_per_s over
-    the done rows of a runs DataFrame), or None before any finished."""
-    done = runs.filter(runs["status"] == "done")
+def measured_flops_per_s(runs) -> dict[int, float]:
+    """FLOP/s this sweep's finished runs sustained, per model size: {params: median of
+    flops_per_token x tokens_per_s over the done rows of a runs DataFrame}; empty before any finished."""
+    import polars as pl
+
+    done = runs.filter(pl.col("status") == "done")
     if not done.height:
-        return None
-    return float((done["flops_per_token"] * done["tokens_per_s"]).median())
+        return {}
+    rates = done.group_by("params").agg((pl.col("flops_per_token") * pl.col("tokens_per_s")).median().alias("rate"))
+    return {int(p): float(r) for p, r in rates.iter_rows()}
 
 
-def estimate(trials: list[TrialConfig], resources, statuses: dict[str, str], measured_flops_per_s: float | None,
-             gpu: bool, device: str | None = None, table: dict | None = None) -> Estimate:
-    """Per-trial time and the totals. `resources(params) -> {"cpu", "gpu"}` gives each trial's share."""
+def _rate(params: int, measured: Mapping[int, float] | float | None, resources, table: dict, device: str) -> Rate:
+    """One size's rate, per the module docstring's order."""
+    if isinstance(measured, (int, float)):  # one rate for every size (a caller's own figure)
+        return Rate(float(measured), "measured from finished runs", False)
+    if measured and params in measured:
+        return Rate(measured[params], "measured from this sweep's finished runs", False)
+    own = table_rate(table, device, params, threads=int(resources(params)["cpu"]))
+    if not measured:
+        return own
+    ratio = statistics.median(rate / table_rate(table, device, p, threads=int(resources(p)["cpu"])).flops_per_s
+                              for p, rate in measured.items())
+    return Rate(own.flops_per_s * ratio, f"{own.basis}, scaled x{ratio:.2f} to this sweep's finished runs",
+                own.extrapolating)
+
+
+def estimate(trials: list[TrialConfig], resources, statuses: dict[str, str],
+             measured_flops_per_s: Mapping[int, float] | float | None, gpu: bool, device: str | None = None,
+             table: dict | None = None) -> Estimate:
+    """Per-trial time and the totals. `resources(params) -> {"cpu", "gpu"}` gives each trial's share;
+    `measured_flops_per_s`: {params: FLOP/s} from this sweep's finished runs (see measured_flops_per_s),
+    or one rate for every size."""
     table = table if table is not None else load_table()
     device = device or (DEFAULT_GPU if gpu else "cpu")
     trial_s, total, pending_s, pending_hours, bases, extrapolating = [], 0.0, 0.0, 0.0, set(), False
@@ -119,8 +147,7 @@ def estimate(trials: list[TrialConfig], resources, statuses: dict[str, str], mea
         params = t.params
         if params not in by_size:
             want = resources(params)
-            by_size[params] = (want, Rate(measured_flops_per_s, "measured from finished runs", False)
-                               if measured_flops_per_s else table_rate(table, device, params, threads=int(want["cpu"])))
+            by_size[params] = (want, _rate(params, measured_flops_per_s, resources, table, device))
         want, rate = by_size[params]
         workers = int(want.get("workers", 1))
         speedup = workers * DATA_PARALLEL_EFFICIENCY if workers > 1 else 1.0

@@ -79,12 +79,27 @@ def test_plan_prints_the_figures_in_the_spec_header(tmp_path, monkeypatch, name)
     assert math.isfinite(n)
 
 
-def test_measured_rate_is_the_median_over_done_runs():
+def test_measured_rate_is_the_median_over_done_runs_of_each_size():
     import polars as pl
 
     from sweep.estimate import measured_flops_per_s
 
-    runs = pl.DataFrame({"status": ["done", "done", "failed", "done"], "flops_per_token": [1e6, 2e6, 1e9, 1e6],
-                         "tokens_per_s": [1e3, 1e3, 1e3, 3e3]})
-    assert measured_flops_per_s(runs) == 2e9  # median of 1e9, 2e9, 3e9; the failed run ignored
-    assert measured_flops_per_s(runs.filter(pl.col("status") == "failed")) is None
+    runs = pl.DataFrame({"status": ["done", "done", "failed", "done", "done"], "params": [10, 10, 10, 10, 99],
+                         "flops_per_token": [1e6, 2e6, 1e9, 1e6, 1e6], "tokens_per_s": [1e3, 1e3, 1e3, 3e3, 7e3]})
+    assert measured_flops_per_s(runs) == {10: 2e9, 99: 7e9}  # median of 1e9, 2e9, 3e9; the failed run ignored
+    assert measured_flops_per_s(runs.filter(pl.col("status") == "failed")) == {}
+
+
+def test_a_size_no_run_finished_gets_the_table_s_shape_at_the_measured_level():
+    """Small models run further from the peak: one measured rate for every size misjudges the sizes
+    not run yet. This sweep ran at half the table's rate at 1e7 parameters, so a 1e6-parameter trial
+    is planned at half the table's rate there (2e9 -> 1e9), not at the 1e7 runs' 2e9."""
+    small, large = (TrialConfig(model={"d_model": d, "n_layers": 2, "n_heads": 2}, optimizer={"name": "adam",
+                    "lr": 1e-3}, train={"steps": 100}) for d in (32, 64))
+    share = lambda params: {"cpu": 1, "gpu": 0}  # noqa: E731
+    table = {"devices": {"cpu": {"threads": 1, "measured": [{"params": small.params, "flops_per_s": 2e9},
+                                                            {"params": large.params, "flops_per_s": 4e9}]}}}
+    est = E.estimate([small, large], share, {}, {large.params: 2e9}, gpu=False, table=table)
+    assert est.trial_s[1] == pytest.approx(large.flops_per_token * large.total_tokens / 2e9)
+    assert est.trial_s[0] == pytest.approx(small.flops_per_token * small.total_tokens / 1e9)
+    assert "scaled x0.50 to this sweep's finished runs" in est.basis and not est.extrapolating
