@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import polars as pl
+
 import pytest
 from analysis_fixtures import messy_store, single_size_store, store, twins  # noqa: F401  (fixtures)
 
@@ -333,6 +335,10 @@ def test_main_charts_show_best_lr_points_and_say_so(tmp_path: Path) -> None:
     assert any("lr=0.003" in c for c in raw.get_column("config"))
     index = (tmp_path / "rep" / "index.html").read_text()
     assert "Best learning rates" in index and "edge: largest lr tried" in index
+    flagged = [n for n in rep.notes if "best-lr choices are flagged" in n]  # each bound named where it is read
+    assert len(flagged) == 1 and flagged[0].startswith("3 of 4 "), rep.notes  # sgd at both sizes, one adam tie
+    assert len(re.findall(r"sgd at [\d.]+k? \(edge: largest lr tried[^)]*, lr 0\.3\)", flagged[0])) == 2, flagged
+    assert len(re.findall(r"adam at [\d.]+k? \([^)]*tie with", flagged[0])) == 1, flagged
     # the best lr against size: lr_fit.csv with the columns a spec's lr_scaling takes
     lr_fit = pl.read_csv(tmp_path / "rep" / "lr_fit.csv")
     assert lr_fit.get_column("optimizer").to_list() == ["adam", "sgd"]
@@ -343,8 +349,6 @@ def test_main_charts_show_best_lr_points_and_say_so(tmp_path: Path) -> None:
     assert "edge of ladder" in lr_fit.row(1, named=True)["note"]  # sgd's best is its largest lr
     assert "# Best lr against size" in (tmp_path / "rep" / "fits.md").read_text()
     assert "lr_vs_params" in rep.charts and any("lr_fit.csv" in n for n in rep.notes)
-    import re
-
     assert re.search(r"adam [^:]*: b = -?0\.00, lr0 = 0\.003 at N0 = [\d,]+ \(2 sizes: no interval\)", rep.captions["lr_vs_params"])
 
 

@@ -150,7 +150,14 @@ def _best_lr(ctx: Context) -> None:
     )  # fmt: skip
     flagged = c.best_lr.filter(pl.col("edge").is_not_null() | pl.col("tie"))
     if flagged.height:
+        size = ctx.x if ctx.x in flagged.columns else "d_model"
+        name = ["optimizer", *(k for k in ("norm", "rotation_label")
+                               if k in c.best_lr.columns and c.best_lr.get_column(k).n_unique() > 1)]
+        which = [f"{' · '.join(str(r[k]) for k in name)} at {charts.format_count(r[size])}"
+                 f"{'' if size == ctx.x else ' d_model'} ({r['flag']}, lr {r['lr']:g})"
+                 for r in flagged.sort("optimizer", size).iter_rows(named=True)]
         c.notes.append(
-            f"{flagged.height} of {c.best_lr.height} best-lr choices are flagged (an "
-            "optimum at the edge of the lr ladder, or a tie): see the best-lr table."
+            f"{flagged.height} of {c.best_lr.height} best-lr choices are flagged (an optimum at the edge of the lr "
+            f"ladder, or a tie), and every chart, fit and contrast through them reads a bound, not an optimum: "
+            f"{'; '.join(which)}. `sweep next` writes the trials that settle them."
         )
