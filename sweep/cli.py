@@ -55,6 +55,8 @@ def plan(
             err.print(REPAIR, highlight=False)
     runs = health.runs
     statuses = dict(zip(runs["trial_id"].to_list(), runs["status"].to_list()))
+    if health.status is not None:  # running now, or interrupted: `sweep status` says which
+        statuses.update({t: "started" for t in health.status.unfinished if t not in statuses})
     statuses.update(health.trials)
     gpu = spec.resources.gpu > 0 or any(o.gpu > 0 for o in spec.resources.by_size) or spec.device.startswith("cuda")
     try:

@@ -33,6 +33,20 @@ def test_plan_lists_every_trial_with_its_size(tmp_path):
     assert not (tmp_path / "smoke").exists()
 
 
+def test_plan_marks_a_started_trial_with_no_result_as_started_not_pending(tmp_path):
+    from resultstore.writer import ResultsStore
+    from sweep.cli import load
+
+    _, trials = load(SMOKE)
+    store = ResultsStore(tmp_path, "smoke")
+    (Path(store.path) / "trials" / trials[0].trial_id).mkdir(parents=True)  # what a trial writes when it begins
+    rows = [line for line in invoke("plan", SMOKE, "--results", tmp_path).output.splitlines() if "│" in line]
+    started = [r for r in rows if trials[0].trial_id in r]
+    pending = [r for r in rows if trials[1].trial_id in r]
+    assert started and "started" in started[0] and "pending" not in started[0], rows
+    assert pending and "pending" in pending[0], rows
+
+
 def test_plan_shows_the_attention_column_where_a_trial_varies_it(tmp_path, monkeypatch):
     monkeypatch.setenv("COLUMNS", "220")  # the whole table on one line per trial
     plain = invoke("plan", SMOKE, "--results", tmp_path)
