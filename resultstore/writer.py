@@ -22,7 +22,7 @@ import io
 import json
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +33,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from resultstore import uri
+from resultstore.ids import canonical_json
 from resultstore.layout import (
     CHECKPOINT, FINAL_WEIGHTS, PART, DamagedFile, in_parts, table_files, trial_file, trial_of,
 )
@@ -136,6 +137,36 @@ class ResultsStore:
     def write_sae(self, trial_id: str, layer: int, sae_optimizer: str, rows: list[dict]) -> None:
         """One (trial, layer, SAE optimiser)'s rows (both bases), atomically: a re-write replaces it."""
         self._write_atomic(f"sae/{trial_id}.L{layer}.{sae_optimizer}.parquet", _to_table("sae", rows))
+
+    def copy_finished(self, source: ResultsStore, trial_ids: Iterable[str]) -> list[str]:
+        """Copy each of `trial_ids` that `source` (another sweep's store) finished, done or diverged
+        with rows covering its steps, into this store, so it is not trained again: a trial id is the
+        hash of the science config and seed, so the trial is the same one. Every file of the trial's
+        rows and its final weights are copied as they are; its runs row, written last as a trial's
+        is, names this sweep (the column and config_json's "sweep"). Returns the ids copied, sorted.
+        The caller holds this store's lock; `source` is only read."""
+        want = set(trial_ids)
+        runs = source.read("runs").filter(pl.col("trial_id").is_in(sorted(want)) & pl.col("status").is_in(FINISHED))
+        gaps = source.gaps_by_trial(runs)
+        runs = runs.filter(~pl.col("trial_id").is_in(sorted(gaps)))
+        ids = set(runs["trial_id"].to_list())
+        for table in TABLES:
+            if table == "runs":
+                continue
+            for name in source._list(table):
+                if "/" not in name and trial_of(name) in ids:  # the writer writes flat
+                    self._write_bytes(f"{table}/{name}", source._read_bytes(f"{table}/{name}"))
+        weights = source.has_final_weights() & ids
+        for trial_id in sorted(weights):
+            self._write_bytes(f"trials/{trial_id}/{FINAL_WEIGHTS}", source._read_bytes(f"trials/{trial_id}/{FINAL_WEIGHTS}"))
+        for row in runs.to_dicts():
+            row["config_json"] = canonical_json({**json.loads(row["config_json"]), "sweep": self.sweep})
+            self._write_atomic(trial_file("runs", row["trial_id"]), _to_table("runs", [{**row, "sweep": self.sweep}]))
+        return sorted(ids)
+
+    def _read_bytes(self, rel: str) -> bytes:
+        with self.fs.open_input_stream(f"{self.path}/{rel}") as f:
+            return f.read()
 
     def put_checkpoint(self, trial_id: str, directory: Path) -> None:
         """Copy the checkpoint rank 0 just wrote into `directory` to the trial's folder in the store,

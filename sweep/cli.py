@@ -105,6 +105,9 @@ def run(
     tracker_uri: Annotated[Optional[str], typer.Option(
         help="W&B project, MLflow tracking URI or TensorBoard folder (defaults: privileged-bases, "
              "MLFLOW_TRACKING_URI or sqlite:///mlflow.db, ./tensorboard).")] = None,
+    reuse: Annotated[Optional[str], typer.Option(
+        help="Another sweep's folder or URI (results/<name>): each trial of this spec it finished (same trial id: "
+             "the same science config and seed) is copied into this sweep's store, not trained again.")] = None,
 ) -> None:
     """Run every trial of the spec not yet complete in the store.
 
@@ -118,6 +121,7 @@ def run(
     from sweep.spec import SpecError, line_in
 
     spec, trials = load(spec_path)
+    source = reused_store(reuse, results, spec.name, trials) if reuse is not None else None
     if dry_run:
         plan(spec_path, results)
         return
@@ -152,7 +156,7 @@ def run(
     try:
         with progress:
             outcome = run_sweep(spec, trials, store, address=address, max_concurrent=max_concurrent,
-                                on_start=on_start)
+                                on_start=on_start, reuse=source)
     except (SpecError, StorageError) as exc:
         loc = getattr(exc, "loc", None)  # a resource no node has: point at the spec's line
         line = line_in(spec_path, loc) if loc else None
@@ -177,6 +181,23 @@ def run(
                   f"again resumes each from its last checkpoint): {', '.join(outcome.missing)}")
     if outcome.unexpected:
         raise typer.Exit(1)
+
+
+def reused_store(reuse: str, results: str, name: str, trials) -> object:
+    """`--reuse`'s store, read-only: exit 2 when it names no sweep or this one; says how many of
+    the spec's trials it finished (what `sweep run` will copy, less any already here)."""
+    from resultstore import uri
+    from resultstore.schema import FINISHED
+
+    folder = sweep_folder(reuse)
+    if uri.normalize(folder) == uri.join(uri.normalize(results), name):
+        raise bad_input(f"--reuse {reuse}: that is this sweep's own store ({q(folder)}); name another sweep's")
+    source = sweep_store(folder)
+    refuse_damaged(source, "reuse")
+    statuses = source.statuses()
+    n = sum(statuses.get(t.trial_id) in FINISHED for t in trials)
+    out.print(f"--reuse {q(source.uri)}: {n} of the spec's {len(trials)} trials finished there", highlight=False)
+    return source
 
 
 def run_summary(outcome) -> str:

@@ -284,15 +284,21 @@ def run_sweep(
     max_concurrent: int | None = None,
     num_cpus: int | None = None,
     on_start: Callable[[list[TrialConfig]], list | None] | None = None,
+    reuse: ResultsStore | None = None,
 ) -> SweepOutcome:
     """Run every trial of `trials` not yet complete in `store`, on a local or remote Ray.
     `store`: the sweep's ResultsStore, opened and checked writable by the caller (`sweep run`
     does it once, at the CLI: sweep.cli_store.open_store). `on_start(todo)` sees the trials
-    about to run and may return Ray Tune callbacks."""
+    about to run and may return Ray Tune callbacks. `reuse`: another sweep's store whose finished
+    trials of `trials` are copied into `store` first (ResultsStore.copy_finished), not run."""
     t0 = time.perf_counter()
     with store.writing("sweep run") as notes:  # LockHeld (exit 2) when another writer holds this sweep
         for note in notes:
             print(f"warning: {note}", file=sys.stderr)
+        if reuse is not None:
+            here = store.completed_ids()
+            copied = store.copy_finished(reuse, [t.trial_id for t in trials if t.trial_id not in here])
+            print(f"copied {len(copied)} finished trial(s) from {reuse.uri} (the same trial ids: not trained again)")
         return _run_locked(spec, trials, store, address, max_concurrent, num_cpus, on_start, t0, notes)
 
 

@@ -70,7 +70,7 @@ def test_train_then_status_then_query(tmp_path):
     assert q.exit_code == 0, q.output
     assert "rotated_adam" in q.output
     plan = invoke("plan", SMOKE, "--results", tmp_path)
-    assert "1/2 done" in plan.output and "measured from finished runs" in plan.output
+    assert "1/2 done" in plan.output and "measured from this sweep's finished runs" in " ".join(plan.output.split())
 
 
 def test_unknown_trial_and_missing_results_exit_2(tmp_path):
@@ -187,3 +187,36 @@ def test_the_run_summary_counts_an_interrupted_run_s_unfinished_trials_apart():
     assert run_summary(mixed) == "3 trials launched, 2 skipped, in 30s: 1 done, 1 failed, 1 diverged."
     assert run_summary(SweepOutcome(total=2, skipped=2, launched=0, wall_s=1.0, statuses={})) == (
         "0 trials launched, 2 skipped, in 1s.")
+
+
+def test_run_reuse_copies_another_sweep_s_finished_trials_and_trains_nothing(tmp_path):
+    """The smoke spec renamed: the same trial ids. Its two trials, finished in the smoke sweep,
+    are copied into the new sweep's store (renamed to it) and nothing runs (Ray never starts)."""
+    from resultstore.writer import ResultsStore
+    from sweep.cli import load
+    from sweep.trainable import failed_row
+
+    _, trials = load(SMOKE)
+    source = ResultsStore(tmp_path / "old", "smoke")
+    for t in trials:  # diverged: finished, with no eval rows a done trial would need
+        source.write_run({**failed_row(t, "loss 1e9 > 20 x initial"), "status": "diverged", "steps": 12})
+    renamed = tmp_path / "again.yaml"
+    renamed.write_text(SMOKE.read_text().replace("name: smoke", "name: smoke_again"))
+    assert "name: smoke_again" in renamed.read_text()
+    r = invoke("run", renamed, "--results", tmp_path / "new", "--reuse", source.uri)
+    assert r.exit_code == 0, r.output
+    flat = " ".join(r.output.split())
+    assert "2 of the spec's 2 trials finished there" in flat and "copied 2 finished trial(s)" in flat, flat
+    assert "2 already complete" in flat and "0 trials launched, 2 skipped" in flat, flat
+    copied = ResultsStore(tmp_path / "new", "smoke_again").read("runs")
+    assert sorted(copied["trial_id"]) == sorted(t.trial_id for t in trials) and set(copied["sweep"]) == {"smoke_again"}
+
+
+@pytest.mark.parametrize("where", ["own", "nothing"])
+def test_run_reuse_of_its_own_store_or_of_nothing_exits_2_before_anything(tmp_path, where):
+    reuse = tmp_path / "r" / "smoke" if where == "own" else tmp_path / "nowhere"
+    (tmp_path / "r" / "smoke" / "runs").mkdir(parents=True)
+    r = invoke("run", SMOKE, "--results", tmp_path / "r", "--reuse", reuse)
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert ("this sweep's own store" if where == "own" else "nowhere") in " ".join(r.output.split()), r.output
+    assert not (tmp_path / "r" / "smoke" / "trials").exists() and not (tmp_path / "r" / "smoke" / "run.lock").exists()

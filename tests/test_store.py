@@ -159,3 +159,36 @@ def test_a_new_table_is_its_schema_entry_and_its_producer(tmp_path):
     done = subprocess.run([sys.executable, "-c", NEW_TABLE, str(tmp_path)], capture_output=True, text=True,
                           timeout=120, cwd=Path(__file__).parents[1])
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_copy_finished_copies_whole_trials_renamed_to_this_sweep_and_skips_one_with_a_gap(tmp_path):
+    """`sweep run --reuse`: another sweep's finished trials are copied file for file (rows equal),
+    the runs row naming the new sweep; a trial whose rows miss an eval is left to be trained."""
+    import json
+
+    source = ResultsStore(tmp_path / "a", "families")
+    ids = ["aaaaaaaaaaaa", "bbbbbbbbbbbb"]
+    for t in ids:  # two finished trials of 4 steps, an eval at steps 0 and 4, as a trial writes them
+        for first, last in ((0, 2), (3, 4)):
+            source.write_rows("curves", t, [{"step": s, "tokens": 8 * s, "train_loss": 1.0} for s in range(first, last + 1)])
+            source.write_rows("metrics", t, [{"step": s, "metric": "kurtosis", "site": "resid", "basis": "stored",
+                                              "layer": 0, "value": 3.0 + s} for s in (first, last) if s % 4 == 0])
+        source.write_rows("checks", t, [{"check": "invariance", "value": 0.0}])
+        source.write_run({"trial_id": t, "status": "done", "steps": 4, "sweep": "families",
+                          "config_json": json.dumps({"seed": 0, "sweep": "families"})})
+    assert source.status(verify=True).ok
+    gapped = ids[1]
+    (Path(source.path) / "metrics" / f"{gapped}.000000004-000000004.parquet").unlink()  # its last eval's rows
+    source.write_final_weights(ids[0], b"weights")
+    target = ResultsStore(tmp_path / "b", "attention")
+    assert target.copy_finished(source, [*ids, "000000000000"]) == [ids[0]]
+    assert target.completed_ids() == {ids[0]}
+    run = target.read("runs").row(0, named=True)
+    assert run["sweep"] == "attention" and json.loads(run["config_json"])["sweep"] == "attention"
+    before = source.read("runs").filter(pl.col("trial_id") == ids[0]).row(0, named=True)
+    assert {k: v for k, v in run.items() if k not in ("sweep", "config_json")} == {
+        k: v for k, v in before.items() if k not in ("sweep", "config_json")}
+    for table in ("metrics", "curves", "checks"):
+        mine = source.read(table).filter(pl.col("trial_id") == ids[0])
+        assert mine.height and target.read(table).sort(mine.columns).equals(mine.sort(mine.columns)), table
+    assert target.read_final_weights(ids[0]) == b"weights" and target.status(verify=True).ok
