@@ -247,11 +247,29 @@ def test_the_primary_contrast_is_a_report_option(tmp_path: Path) -> None:
     assert primary.height == 1 and primary.row(0, named=True)["fit"].startswith("kurtosis / null 3(d−1)/(d+1), MLP input")
     assert primary.row(0, named=True)["family_a"] == "fixed_random_basis"
     assert rep.family_levels.filter(pl.col("role") == "primary").height == 1
+    _the_note_counts_the_other_p_values(rep)
+    from synthetic_store import write_store
+
+    one_each = write_store(tmp_path / "one", sizes=(32, 64), seeds=(0, 1), optimizers=("adam", "sgd"))  # no p
+    untested = write_report(one_each.path, tmp_path / "d", formats=("svg",), fit_specs=specs, n_boot=20)
+    assert "here with no p-value" in _the_note_counts_the_other_p_values(untested)
     none = write_report(s.path, tmp_path / "b", formats=("svg",), fit_specs=specs, n_boot=20, primary="none")
     assert (none.family_comparisons.get_column("role") == "secondary").all()
     assert any(n.startswith("No primary contrast declared") for n in none.notes)
     missing = write_report(s.path, tmp_path / "c", formats=("svg",), fit_specs=specs, n_boot=20, primary="per_coordinate@nope")
     assert any("not among the report's fits" in n for n in missing.notes)
+
+
+def _the_note_counts_the_other_p_values(rep: ReportResult) -> str:
+    """The declared primary's note: 'The other N p-values' is every tested comparison but the
+    primary's (a primary row with no p-value, e.g. one optimiser per family, is not subtracted)."""
+    note = next(n for n in rep.notes if n.startswith("Primary contrast, declared"))
+    tables = (rep.comparisons, rep.family_comparisons, rep.family_levels)
+    tested = [t.filter(pl.col("p_value").is_not_nan()) for t in tables if "p_value" in t.columns]
+    others = sum(t.height for t in tested) - sum(t.filter(pl.col("role") == "primary").height for t in tested
+                                                 if "role" in t.columns)  # fmt: skip
+    assert f"The other {others} p-values" in note, (others, note)
+    return note
 
 
 def test_the_top1_share_is_fitted_where_recorded_and_skipped_quietly_where_not(report, tmp_path: Path) -> None:  # noqa: F811

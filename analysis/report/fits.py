@@ -285,8 +285,9 @@ def adjust_comparisons(
     comparisons, family_comparisons, family_levels = adjust_tables([comparisons, family_comparisons, family_levels])
     n = sum(int(t.get_column("p_value").is_not_nan().sum()) for t in (comparisons, family_comparisons, family_levels)
             if "p_value" in t.columns)  # fmt: skip
-    found = sum(int((t.get_column("role") == PRIMARY).sum()) for t in (family_comparisons, family_levels)
-                if "role" in t.columns)  # fmt: skip
+    primary_rows = [t.filter(pl.col("role") == PRIMARY) for t in (family_comparisons, family_levels) if "role" in t.columns]
+    found = sum(t.height for t in primary_rows)
+    tested = sum(int(t.get_column("p_value").is_not_nan().sum()) for t in primary_rows if "p_value" in t.columns)
     spec = primary_fit(fit_specs, primary)
     if primary is None:
         return comparisons, family_comparisons, family_levels, (
@@ -300,5 +301,6 @@ def adjust_comparisons(
     return comparisons, family_comparisons, family_levels, (
         f"Primary contrast, declared before the run: {primary.family} minus "
         f"{' + '.join(primary.against) if primary.against else 'every other family pooled'}, the optimisers as "
-        f"the units, in {spec.label}: its slope and its level at the largest size (role = primary, raw p). "
-        f"The other {n - found} p-values in the comparison tables are Holm-adjusted together (p_holm).")
+        f"the units, in {spec.label}: its slope and its level at the largest size (role = primary, raw p"
+        f"{'' if tested else '; here with no p-value: a family of one optimiser, or one seed, gives none'}). "
+        f"The other {n - tested} p-values in the comparison tables are Holm-adjusted together (p_holm).")
