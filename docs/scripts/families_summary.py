@@ -1,8 +1,15 @@
-"""Summary of a families sweep (issue 17, the headline with intervals): each optimiser at its best
-lr per width (``analysis.selection.best_lr``: the sgd ladder's pick), the final-step kurtosis of
-the residual stream (stored basis) and of the MLP input (computation basis), mean over blocks,
-over the exact null 3(d-1)/(d+1); the slope of log(kurtosis / null) against log(non-embedding
-params) per optimiser; and the differences between optimiser families.
+"""Summary of a families sweep (issue 17, the headline with intervals; issue 33, both measures):
+each optimiser at its best lr per width (``analysis.selection.best_lr``; a best at the edge of its
+ladder is marked "edge", a bound), at the final step, of the residual stream (stored basis) and
+of the MLP input (computation basis), mean over blocks, in two measures side by side:
+- kurtosis over the exact null 3(d-1)/(d+1): it grows with width when one coordinate holds a
+  fixed share f of each token's energy (about d f^2), so a rise across widths is not by itself
+  growth of the effect;
+- the top-1 share of each token's centred energy (``top1_share``, the width-honest measure): a
+  fixed share reads the same at every width; its null (Gaussian tokens) falls with d and is
+  printed beside it (stores written before the metric existed skip it);
+the slope of log(measure) against log(non-embedding params) per optimiser; and the differences
+between optimiser families.
 
 Slopes: one least-squares slope per seed over the widths that seed has; the interval is a 95%
 t-interval over seeds (with one seed: the fit's own t-interval over the widths, marked).
@@ -19,22 +26,28 @@ import polars as pl
 from scipy import stats
 
 from analysis.families import compare_family_values
+from analysis.null import top_share_null
 from analysis.selection import best_lr
 from resultstore.reader import load
 
 SITES = {("resid", "stored"): "residual", ("mlp_in", "computation"): "MLP input"}
-ORDER = ["adam", "adafactor", "lion", "rotated_adam", "soap", "sgd", "muon"]
+ORDER = ["adam", "adafactor", "lion", "signsgd", "rotated_adam", "soap", "sgd", "muon"]
+MEASURES = {"kurtosis": "kurtosis / null", "top1_share": "top-1 energy share"}
 
 results = load(sys.argv[1])
-chosen = best_lr(results).select("config_id")
-runs = (results.runs.collect().filter(pl.col("status") == "done").join(chosen, on="config_id", how="semi")
-        .select("trial_id", "optimizer", "optimizer_family", "lr", "d_model", "params_non_embedding",
+best = best_lr(results)
+edges = set(best.filter(pl.col("edge").is_not_null()).get_column("config_id").to_list())
+runs = (results.runs.collect().filter(pl.col("status") == "done").join(best.select("config_id"), on="config_id", how="semi")
+        .select("trial_id", "config_id", "optimizer", "optimizer_family", "lr", "d_model", "params_non_embedding",
                 "seed", "steps", "final_val_loss"))
 m = results.metrics.collect().join(runs, on="trial_id")
-fin = m.filter(pl.col("step") == pl.col("steps"), pl.col("metric") == "kurtosis", pl.col("layer") > 0,
+fin = m.filter(pl.col("step") == pl.col("steps"), pl.col("metric").is_in(list(MEASURES)), pl.col("layer") > 0,
                pl.struct("site", "basis").is_in([{"site": s, "basis": b} for s, b in SITES]))
-per_trial = fin.group_by("trial_id", "site", "basis").agg(pl.col("value").mean()).join(runs, on="trial_id").with_columns(
-    over_null=pl.col("value") / (3 * (pl.col("d_model") - 1) / (pl.col("d_model") + 1)))
+# "over_null" is the value read: kurtosis over its null; the top-1 share as it is
+per_trial = fin.group_by("trial_id", "metric", "site", "basis").agg(pl.col("value").mean()).join(runs, on="trial_id").with_columns(
+    over_null=pl.when(pl.col("metric") == "kurtosis").then(pl.col("value") / (3 * (pl.col("d_model") - 1) / (pl.col("d_model") + 1)))
+    .otherwise(pl.col("value")))
+measures = [k for k in MEASURES if per_trial.filter(pl.col("metric") == k).height]
 
 
 def interval(x: np.ndarray, digits: int = 2) -> str:
@@ -51,31 +64,38 @@ def rank(o: str) -> int:
 optimisers = sorted(runs["optimizer"].unique().to_list(), key=rank)
 widths = sorted(runs["d_model"].unique().to_list())
 print(f"{runs.height} done trials at their best lr; final step; mean ± 95% t half-width over seeds")
+if "top1_share" not in measures:
+    print("(no top1_share rows: this store predates the width-honest measure; kurtosis alone)")
 for (site, basis), name in SITES.items():
     rows = []
     for o in optimisers:
         row = {"optimizer": o}
         for d in widths:
-            cell = per_trial.filter(pl.col("optimizer") == o, pl.col("d_model") == d, pl.col("site") == site)
-            row[f"d={d}"] = interval(cell["over_null"].to_numpy()) if cell.height else "-"
+            for k in measures:
+                cell = per_trial.filter(pl.col("optimizer") == o, pl.col("d_model") == d, pl.col("site") == site,
+                                        pl.col("metric") == k)
+                row[f"d={d} {MEASURES[k]}"] = interval(cell["over_null"].to_numpy(), 3 if k == "top1_share" else 2) \
+                    if cell.height else "-"
         rows.append(row)
-    print(f"\nkurtosis / null, {name} ({basis} basis), mean over blocks")
-    with pl.Config(tbl_rows=50, tbl_cols=20, tbl_width_chars=200, fmt_str_lengths=30):
+    nulls = "; ".join(f"d={d}: {float(top_share_null(d)):.3f}" for d in widths) if "top1_share" in measures else ""
+    print(f"\n{name} ({basis} basis), mean over blocks" + (f"; top-1 share's null (Gaussian tokens) {nulls}" if nulls else ""))
+    with pl.Config(tbl_rows=50, tbl_cols=20, tbl_width_chars=250, fmt_str_lengths=30):
         print(pl.DataFrame(rows))
 loss_rows = []
 for o in optimisers:
     row = {"optimizer": o}
     for d in widths:
         cell = runs.filter(pl.col("optimizer") == o, pl.col("d_model") == d)
-        row[f"d={d}"] = (interval(cell["final_val_loss"].to_numpy(), 3) + f" @ lr {cell['lr'][0]:g}") if cell.height else "-"
+        edge = " (edge)" if cell.height and cell["config_id"][0] in edges else ""
+        row[f"d={d}"] = (interval(cell["final_val_loss"].to_numpy(), 3) + f" @ lr {cell['lr'][0]:g}{edge}") if cell.height else "-"
     loss_rows.append(row)
-print("\nfinal val loss (lr = the best lr at that width)")
+print("\nfinal val loss (lr = the best lr at that width; edge: the best is the ladder's smallest or largest lr, a bound)")
 with pl.Config(tbl_rows=50, tbl_cols=20, tbl_width_chars=200, fmt_str_lengths=40):
     print(pl.DataFrame(loss_rows))
 
 
 def seed_slopes(frame: pl.DataFrame) -> list[tuple[int, float, float, int]]:
-    """(seed, slope, its standard error, n widths) per seed with 2+ widths."""
+    """(seed, slope of log(value) on log(params), its standard error, n widths) per seed with 2+ widths."""
     out = []
     for (seed,), g in frame.group_by("seed"):
         if g.height < 2:
@@ -103,9 +123,10 @@ def family_contrasts(values: dict[str, dict[int, float]], family: dict[str, str]
         print(f"    {a} - {' + '.join(bs)}: {c.difference:+.3f} {ci}  ({'+'.join(members[a])} vs {'+'.join(b_opts)})")
 
 
-for (site, basis), name in SITES.items():
-    sub = per_trial.filter(pl.col("site") == site)
-    print(f"\nslope of log(kurtosis / null) against log(non-embedding params), {name}")
+for k, (site, basis) in ((k, sb) for k in measures for sb in SITES):
+    name, measure = SITES[(site, basis)], MEASURES[k]
+    sub = per_trial.filter(pl.col("site") == site, pl.col("metric") == k)
+    print(f"\nslope of log({measure}) against log(non-embedding params), {name}")
     slopes: dict[str, dict[int, float]] = {}
     family: dict[str, str] = {}
     for o in optimisers:
@@ -129,7 +150,7 @@ for (site, basis), name in SITES.items():
             print(f"  {o:<13} {family[o]:<22} {x.mean():+.3f} ± {half:.3f}   ({len(x)} seeds; p(slope = 0) = {p:.2g})")
     print("  family differences (optimisers as the unit, seeds paired; Welch-Satterthwaite 95%):")
     family_contrasts(slopes, family)
-    print(f"\nfamily differences in kurtosis / null at each width, {name} (the same contrast on the seed values):")
+    print(f"\nfamily differences in {measure} at each width, {name} (the same contrast on the seed values):")
     for d in widths:
         at = sub.filter(pl.col("d_model") == d)
         values = {o: dict(at.filter(pl.col("optimizer") == o).select("seed", "over_null").iter_rows()) for o in optimisers}
