@@ -286,8 +286,8 @@ def status(
         out.print(f"{status} {row['trial_id']}" + (f" ({q(label)})" if label else "") + f": {q(line[0])}",
                   highlight=False)
     errors = tune_errors(store, st.unfinished) if st.unfinished else {}
-    full = store_full(store) if st.unfinished else None
-    if full:  # the likeliest reason a started trial left no runs row, not even a failed one
+    full = store_full(store) if st.unfinished or st.failed.height else None
+    if full:  # the likeliest reason a started trial left no runs row, or only the driver's failed one
         err.print(f"[bold red]error:[/] {q(full)}", highlight=False, soft_wrap=True)
     for trial_id in st.unfinished:  # an error Tune recorded says why it has no runs row (a full disk)
         why = f"failed: {q(errors[trial_id])}" if trial_id in errors else "running, or interrupted"
