@@ -227,12 +227,23 @@ class _Guarded:
 
 
 def _wandb_callback():
-    from ray.air.integrations.wandb import WandbLoggerCallback
+    from ray.air.integrations.wandb import WandbLoggerCallback, _WandbLoggingActor
+
+    class FlushingActor(_WandbLoggingActor):
+        """Ray's W&B logging actor, waiting for W&B's service to write the run before it returns.
+        Ray kills the actor as soon as run() returns, and wandb.finish() can return before the
+        service has written anything: measured, 2 of 6 offline runs were left as a bare 7-byte
+        header with Ray's actor, 0 of 6 with this one."""
+
+        def run(self):
+            super().run()
+            self._wandb.teardown()
 
     class WandbCallback(_Guarded, WandbLoggerCallback):
         """W&B: project = target, group = the sweep, one run per trial (id = trial_id)."""
 
         name = "wandb"
+        _logger_actor_cls = FlushingActor
 
         def start_run(self, trial) -> None:
             trial_id, label, params = self.run_of(trial)
