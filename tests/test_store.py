@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import polars as pl
+import pytest
 
 from resultstore.schema import ARROW
 from resultstore.writer import ResultsStore
@@ -161,9 +162,11 @@ def test_a_new_table_is_its_schema_entry_and_its_producer(tmp_path):
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
-def test_copy_finished_copies_whole_trials_renamed_to_this_sweep_and_skips_one_with_a_gap(tmp_path):
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_copy_finished_copies_whole_trials_renamed_to_this_sweep_and_skips_one_with_a_gap(tmp_path, request, where):
     """`sweep run --reuse`: another sweep's finished trials are copied file for file (rows equal),
-    the runs row naming the new sweep; a trial whose rows miss an eval is left to be trained."""
+    the runs row naming the new sweep; a trial whose rows miss an eval is left to be trained. Into
+    a local folder, and from it into a bucket (moto's S3 server on loopback)."""
     import json
 
     source = ResultsStore(tmp_path / "a", "families")
@@ -180,7 +183,9 @@ def test_copy_finished_copies_whole_trials_renamed_to_this_sweep_and_skips_one_w
     gapped = ids[1]
     (Path(source.path) / "metrics" / f"{gapped}.000000004-000000004.parquet").unlink()  # its last eval's rows
     source.write_final_weights(ids[0], b"weights")
-    target = ResultsStore(tmp_path / "b", "attention")
+    if where == "s3":
+        request.getfixturevalue("s3")  # the server, and the environment pointing at it
+    target = ResultsStore(tmp_path / "b" if where == "local" else f"s3://bars/{tmp_path.name}", "attention")
     assert target.copy_finished(source, [*ids, "000000000000"]) == [ids[0]]
     assert target.completed_ids() == {ids[0]}
     run = target.read("runs").row(0, named=True)
