@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.markup import escape
@@ -15,6 +15,9 @@ from rich.table import Table
 
 from sweep.cli_store import ResultsOpt, SpecArg, SweepArg, load, open_store, refuse_damaged, sweep_folder, sweep_store
 from sweep.console import bad_input, duration, err, human, out, q, reason, refuse
+
+if TYPE_CHECKING:
+    from resultstore.writer import ResultsStore
 
 __all__ = ["app"]  # the typer app (the `sweep` console script); the rest serves its commands
 
@@ -183,7 +186,7 @@ def run(
         raise typer.Exit(1)
 
 
-def reused_store(reuse: str, results: str, name: str, trials) -> object:
+def reused_store(reuse: str, results: str, name: str, trials) -> ResultsStore:
     """`--reuse`'s store, read-only: exit 2 when it names no sweep or this one; says how many of
     the spec's trials it finished (what `sweep run` will copy, less any already here)."""
     from resultstore import uri
