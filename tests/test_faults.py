@@ -92,8 +92,10 @@ def test_a_second_writer_is_refused_then_a_sigkilled_driver_is_taken_over_and_eq
     spec.write_text(SMOKE.read_text())
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = str(Path(__file__).parent.parent)
-    driver = subprocess.Popen([sys.executable, "-m", "sweep.cli", "run", str(spec), "--results", str(tmp_path)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    log = tmp_path / "driver.log"  # what the driver said, should it end before the kill
+    with log.open("w") as said:
+        driver = subprocess.Popen([sys.executable, "-m", "sweep.cli", "run", str(spec), "--results", str(tmp_path)],
+                                  stdout=said, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
         deadline = time.time() + 120
         while time.time() < deadline and driver.poll() is None and not (tmp_path / "smoke" / "run.lock").exists():
@@ -103,7 +105,7 @@ def test_a_second_writer_is_refused_then_a_sigkilled_driver_is_taken_over_and_eq
         deadline = time.time() + 300
         while time.time() < deadline and driver.poll() is None and not list((tmp_path / "smoke").glob("metrics/*.parquet")):
             time.sleep(0.2)  # kill it mid-trial: once the first part is written
-        assert driver.poll() is None, "the run ended before it could be killed"
+        assert driver.poll() is None, f"the run ended before it could be killed:\n{log.read_text()[-3000:]}"
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait()
     finally:
