@@ -118,17 +118,24 @@ def trial_of(name: str) -> str:
     return m["trial"] if m else name.removesuffix(".parquet")
 
 
-def is_sweep_folder(fs: Any, folder: str) -> bool:
-    """Does ``folder`` hold at least one table folder?"""
+def is_sweep_folder(fs: Any, folder: str, *, started: bool = False) -> bool:
+    """Does ``folder`` hold at least one table folder? With ``started``, a sweep whose run began
+    but wrote no rows yet counts too: it holds run.lock or trials/ (the trials' configs)."""
     import pyarrow.fs as pafs
 
     infos = fs.get_file_info([f"{folder}/{t}" for t in TABLES])
-    return any(i.type == pafs.FileType.Directory for i in infos)
+    if any(i.type == pafs.FileType.Directory for i in infos):
+        return True
+    if not started:
+        return False
+    lock, trials = fs.get_file_info([f"{folder}/{LOCK_FILE}", f"{folder}/trials"])
+    return lock.type == pafs.FileType.File or trials.type == pafs.FileType.Directory
 
 
-def find_sweep(fs: Any, root: str, display: str) -> str:
+def find_sweep(fs: Any, root: str, display: str, *, started: bool = False) -> str:
     """The sweep folder at ``root`` (a path within ``fs``): itself, or the one sweep inside it.
-    NoSweepError, naming ``display``, when it holds none or several."""
+    NoSweepError, naming ``display``, when it holds none or several. ``started``: a sweep that
+    has begun and written no rows yet counts (``is_sweep_folder``), for `sweep status`."""
     import pyarrow.fs as pafs
 
     expected = (
@@ -140,14 +147,14 @@ def find_sweep(fs: Any, root: str, display: str) -> str:
         raise NoSweepError(f"{display}: no such folder ({expected})")
     if kind != pafs.FileType.Directory:
         raise NoSweepError(f"{display}: not a folder ({expected})")
-    if is_sweep_folder(fs, root):
+    if is_sweep_folder(fs, root, started=started):
         return root
     children = sorted(
         i.path
         for i in fs.get_file_info(pafs.FileSelector(root))
         if i.type == pafs.FileType.Directory and not i.base_name.startswith((".", "_"))
     )
-    sweeps = [c for c in children if is_sweep_folder(fs, c)]
+    sweeps = [c for c in children if is_sweep_folder(fs, c, started=started)]
     if len(sweeps) == 1:
         return sweeps[0]
     if sweeps:

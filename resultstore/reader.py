@@ -111,11 +111,11 @@ def verify_footers(fs: Any, found: list[str], prefix: str = "") -> None:
                 raise layout.DamagedFile.at(f"{prefix}{path}", reason)
 
 
-def find_sweep(path: str | os.PathLike[str]) -> str:
+def find_sweep(path: str | os.PathLike[str], *, started: bool = False) -> str:
     """The sweep folder (path or URI) at ``path``: itself, or the one sweep inside it.
-    Raises ``NoSweepError`` like ``load``."""
+    Raises ``NoSweepError`` like ``load``. ``started``: a sweep with no rows yet counts."""
     fs, root, prefix = _filesystem(path)
-    return prefix + layout.find_sweep(fs, root, display=str(path))
+    return prefix + layout.find_sweep(fs, root, display=str(path), started=started)
 
 
 def _filesystem(path: str | os.PathLike[str]) -> tuple[Any, str, str]:

@@ -257,7 +257,7 @@ def status(
     from sweep.launch import ladder_divergences, store_full
     from sweep.store_health import check, tune_errors
 
-    store = sweep_store(sweep_folder(results))
+    store = sweep_store(sweep_folder(results, started=True))
     health = check(store, rows=verify)
     st = health.status
     gaps = [] if st.damaged else health.problems

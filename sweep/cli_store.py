@@ -34,13 +34,14 @@ SweepArg = Annotated[str, typer.Argument(help="A sweep's results folder or URI (
                                          show_default=False)]
 
 
-def sweep_folder(results: str) -> str:
-    """A sweep folder or URI, or a results root holding exactly one sweep -> the sweep's path/URI."""
+def sweep_folder(results: str, *, started: bool = False) -> str:
+    """A sweep folder or URI, or a results root holding exactly one sweep -> the sweep's path/URI.
+    ``started``: a sweep whose run began and wrote no rows yet counts (for `sweep status`)."""
     from resultstore.layout import NoSweepError
     from resultstore.reader import find_sweep
 
     try:
-        return find_sweep(results)
+        return find_sweep(results, started=started)
     except (NoSweepError, OSError) as exc:  # StorageError is a ValueError like NoSweepError
         raise bad_input(str(exc).splitlines()[0]) from None
 

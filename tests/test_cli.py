@@ -47,6 +47,22 @@ def test_plan_marks_a_started_trial_with_no_result_as_started_not_pending(tmp_pa
     assert pending and "pending" in pending[0], rows
 
 
+def test_status_of_a_sweep_that_began_and_wrote_no_rows_yet_lists_its_started_trials(tmp_path):
+    """The first minutes of a run: trials/ holds configs, no table folder exists yet. Status names
+    the trials started (exit 1: no result yet), where it said "no sweep found"; report still refuses."""
+    from resultstore.writer import ResultsStore
+    from sweep.cli import load
+
+    _, trials = load(SMOKE)
+    store = ResultsStore(tmp_path, "smoke")
+    (Path(store.path) / "trials" / trials[0].trial_id).mkdir(parents=True)  # what a trial writes when it begins
+    for where in (tmp_path / "smoke", tmp_path):  # the sweep folder, or the results root holding it
+        result = invoke("status", where)
+        assert result.exit_code == 1, result.output
+        assert "started, no result" in result.output and trials[0].trial_id in result.output, result.output
+    assert "no sweep found" in invoke("report", tmp_path / "smoke").output
+
+
 def test_plan_shows_the_attention_column_where_a_trial_varies_it(tmp_path, monkeypatch):
     monkeypatch.setenv("COLUMNS", "220")  # the whole table on one line per trial
     plain = invoke("plan", SMOKE, "--results", tmp_path)
