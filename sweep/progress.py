@@ -1,22 +1,29 @@
 """Live progress for `sweep run`: a Ray Tune callback driving a rich progress bar.
 
 The bar is weighted by each trial's training FLOPs, so its ETA means something when model sizes
-differ by 100x. Imported only when a sweep runs (it imports Ray)."""
+differ by 100x. Where the console is not a terminal (a log file under nohup, a batch job), rich
+draws no bar, so the same progress is printed as a plain line at most every `every_s` seconds.
+Imported only when a sweep runs (it imports Ray)."""
 
 from __future__ import annotations
+
+import time
 
 from ray.tune import Callback
 from rich.progress import Progress
 
 from analysis.labels import labels_for
 from study.config import TrialConfig
+from sweep.console import duration
 
 __all__ = ["ProgressCallback"]
 
 class ProgressCallback(Callback):
-    def __init__(self, trials: list[TrialConfig], progress: Progress, sweep_trials: list[TrialConfig] | None = None):
+    def __init__(self, trials: list[TrialConfig], progress: Progress, sweep_trials: list[TrialConfig] | None = None,
+                 every_s: float = 600.0):
         """`trials`: those to run; `sweep_trials` (default: the same): the whole grid, whose
-        varying axes the labels name, so a rerun of one lr of a ladder still says its lr."""
+        varying axes the labels name, so a rerun of one lr of a ladder still says its lr.
+        `every_s`: the least time between two plain progress lines where there is no terminal."""
         self.flops = {t.trial_id: t.flops_per_token * t.total_tokens for t in trials}
         self.steps = {t.trial_id: t.total_steps for t in trials}
         self.labels = {tid: f" ({label})" if label else "" for tid, label in labels_for(sweep_trials or trials).items()}
@@ -24,6 +31,7 @@ class ProgressCallback(Callback):
         self.progress = progress
         self.task = progress.add_task("starting Ray", total=sum(self.flops.values()) or 1.0)
         self.done, self.failed, self.running, self.at_step = 0, 0, set(), {}
+        self.every_s, self.printed_at = every_s, time.monotonic()
 
     def __getstate__(self) -> dict:
         return {}  # Tune pickles its callbacks with the experiment; the live console stays here
@@ -33,6 +41,14 @@ class ProgressCallback(Callback):
         failed = f" · [red]{self.failed} failed[/]" if self.failed else ""
         self.progress.update(self.task, completed=completed, description=(
             f"{self.done}/{len(self.flops)} trials done · {len(self.running)} running{failed}"))
+        if not self.progress.console.is_terminal and time.monotonic() - self.printed_at >= self.every_s:
+            self.printed_at = time.monotonic()
+            task = next(t for t in self.progress.tasks if t.id == self.task)
+            left = task.time_remaining
+            self.progress.console.print(
+                f"{time.strftime('%H:%M')} {self.done}/{len(self.flops)} trials done · {len(self.running)} running"
+                f"{f' · {self.failed} failed' if self.failed else ''} · {task.percentage:.0f}% of the FLOPs"
+                + (f" · about {duration(left)} left" if left else ""), highlight=False, markup=False)
 
     @staticmethod
     def _id(trial) -> str:

@@ -164,3 +164,21 @@ def test_the_attention_is_named_bare_where_it_varies_and_not_where_it_does_not()
     trials = [trial("softmax"), trial("gated"), trial({"name": "clipped", "gamma": -0.1})]
     assert list(labels_for(trials).values()) == ["softmax", "gated", "clipped(zeta=1,gamma=-0.1)"]
     assert list(labels_for([trial("gated", 0), trial("gated", 1)]).values()) == ["seed 0", "seed 1"]
+
+
+def test_without_a_terminal_progress_is_printed_as_plain_lines_at_most_every_every_s():
+    """Under nohup or a batch job rich draws no bar: before, a log showed nothing until the first
+    trial ended (18 min at d_model 128); now a line with the trials done and the share of FLOPs."""
+    trials = expand(load_spec(SPECS / "laptop.yaml"))[:2]
+    lines = {}
+    for name, every_s, terminal in (("plain", 0.0, False), ("quiet", 600.0, False), ("bar", 0.0, True)):
+        console = Console(file=io.StringIO(), width=200, color_system=None, force_terminal=terminal)
+        callback = ProgressCallback(trials, Progress(console=console), every_s=every_s)
+        callback.on_trial_start(0, [], _Trial(trials[0].trial_id))
+        callback.on_trial_result(0, [], _Trial(trials[0].trial_id), {"step": trials[0].total_steps // 2})
+        lines[name] = [line for line in console.file.getvalue().splitlines() if "trials done" in line]
+    assert lines["plain"] and re.search(r"^\d\d:\d\d 0/2 trials done · 1 running · \d+% of the FLOPs", lines["plain"][-1])
+    flops = [t.flops_per_token * t.total_tokens for t in trials]
+    assert lines["plain"][-1].split(" · ")[2] == f"{100 * flops[0] / 2 / sum(flops):.0f}% of the FLOPs"
+    assert lines["quiet"] == []  # within every_s of the last line (here: of the start)
+    assert lines["bar"] == []    # a terminal has the bar
