@@ -1,0 +1,29 @@
+"""Keep a sweep's finished trials in a second store, so a study that outlives its machine loses
+nothing: each trial's row files byte for byte and its runs row (ResultsStore.copy_finished, what
+`sweep run --reuse` uses), never a trial still running or one with a gap. The final weights are
+copied too; git ignores them (*.pt), so a store kept in the repository holds the rows only.
+
+    python docs/scripts/keep_store.py results/attention docs/stores/attention
+
+Run it as often as you like while the sweep runs: it copies only trials the destination lacks.
+On a fresh machine, `sweep run SPEC --reuse docs/stores/<sweep>` copies them back into the
+results folder and trains only what is missing; `sweep report docs/stores/<sweep>` reads the
+kept store directly.
+"""
+import sys
+
+from resultstore import ResultsStore
+
+if len(sys.argv) != 3:
+    sys.exit(__doc__)
+source, dest = ResultsStore.at(sys.argv[1]), ResultsStore.at(sys.argv[2])
+if not source.exists():
+    sys.exit(f"{sys.argv[1]}: no sweep there")
+if dest.sweep != source.sweep:
+    sys.exit(f"{sys.argv[2]}: name the destination after the sweep ({source.sweep}), so its runs rows keep their sweep")
+with dest.writing("keep_store", repair=False) as notes:
+    for note in notes:
+        print(f"warning: {note}", file=sys.stderr)
+    have = dest.completed_ids() if dest.exists() else set()
+    copied = dest.copy_finished(source, sorted(source.completed_ids() - have))
+print(f"{len(copied)} trial(s) copied to {dest.uri}; {len(have) + len(copied)} kept there in all")
