@@ -78,3 +78,9 @@ def test_the_outlier_measure_against_the_sink_marks_the_attention_by_shape() -> 
     assert any("0.074" in str(lay["encoding"]) for lay in rules)  # uniform attention, on x
     assert "Dashed vertical: uniform causal attention (0.074)" in " ".join(spec["title"]["subtitle"])
     assert {r["size"] for r in _rows(chart)} == {"786k"}  # one model shape: the gate's weights make no new size
+    words = " ".join(spec["title"]["subtitle"])
+    assert "each a seed mean with its 95% t-interval over 3 seeds both ways" in words
+    assert "marker size" not in words  # one model shape: no size to read
+    one_seed = table.with_columns(n=pl.lit(1), x_n=pl.lit(1), ci_low=pl.col("mean"), ci_high=pl.col("mean"))
+    words = " ".join(sinks_vs_outliers(one_seed).to_dict(validate=False)["title"]["subtitle"])
+    assert "one seed (no interval)" in words and "seed mean" not in words, words

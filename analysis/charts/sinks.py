@@ -14,7 +14,7 @@ import altair as alt
 import polars as pl
 
 from analysis.charts.frames import as_frame, decorate, pick_size, tooltip, variant_order, variant_title, varies
-from analysis.charts.layers import assemble, assembled_width, band_and_line, seeds_phrase, titled
+from analysis.charts.layers import assemble, assembled_width, band_and_line, interval_words, seeds_phrase, titled
 from analysis.charts.style import COLOR_LEGEND, DASH_LEGEND, SizeChoice, dashes, optimizer_scale
 from analysis.charts.versus import metric_vs_metric
 
@@ -101,10 +101,13 @@ def sinks_vs_outliers(
     if {"d_model", "n_layers", "params_non_embedding"} <= set(df.columns):  # marker size = the model's shape:
         # a variant's own weights (the gate's d^2 a block) do not make it another model size
         df = df.with_columns(pl.col("params_non_embedding").min().over("d_model", "n_layers"))
+    words = interval_words(df, confidence)
+    points = words if words.startswith("one seed") else f"each a seed mean with its {words.replace('t-intervals', 't-interval')} both ways"
+    sizes = "" if "params_non_embedding" in df.columns and df.get_column("params_non_embedding").n_unique() == 1 else (
+        ", marker size = model shape (its softmax parameter count)")
     caption = caption or (
-        "One point per config at the final step: the outlier measure against the attention sink, each a seed "
-        "mean with its interval both ways; colour = optimiser, shape = attention, marker size = model shape "
-        "(its softmax parameter count). Points that move along x with "
+        f"One point per config at the final step: the outlier measure against the attention sink, {points}; "
+        f"colour = optimiser, shape = attention{sizes}. Points that move along x with "
         "the attention and along y with the optimiser separate the two suspects."
         + (f" Dashed vertical: uniform causal attention ({uniform:.3f})." if uniform is not None else "")
         + (f" Dashed horizontal: {reference:g} (no privileged basis)." if reference is not None else ""))
