@@ -31,7 +31,8 @@ class ProgressCallback(Callback):
         self.progress = progress
         self.task = progress.add_task("starting Ray", total=sum(self.flops.values()) or 1.0)
         self.done, self.failed, self.running, self.at_step = 0, 0, set(), {}
-        self.every_s, self.printed_at = every_s, time.monotonic()
+        self.every_s, self.started = every_s, time.monotonic()
+        self.printed_at = self.started
 
     def __getstate__(self) -> dict:
         return {}  # Tune pickles its callbacks with the experiment; the live console stays here
@@ -44,11 +45,13 @@ class ProgressCallback(Callback):
         if not self.progress.console.is_terminal and time.monotonic() - self.printed_at >= self.every_s:
             self.printed_at = time.monotonic()
             task = next(t for t in self.progress.tasks if t.id == self.task)
-            left = task.time_remaining
+            share = task.completed / task.total if task.total else 0.0
+            # rich's own estimate needs updates within 30 s of each other; trials report every few minutes
+            left = (self.printed_at - self.started) * (1 - share) / share if share > 0 else None
             self.progress.console.print(
                 f"{time.strftime('%H:%M')} {self.done}/{len(self.flops)} trials done · {len(self.running)} running"
                 f"{f' · {self.failed} failed' if self.failed else ''} · {task.percentage:.0f}% of the FLOPs"
-                + (f" · about {duration(left)} left" if left else ""), highlight=False, markup=False)
+                + (f" · about {duration(left)} left at this rate" if left else ""), highlight=False, markup=False)
 
     @staticmethod
     def _id(trial) -> str:

@@ -177,7 +177,8 @@ def test_without_a_terminal_progress_is_printed_as_plain_lines_at_most_every_eve
         callback.on_trial_start(0, [], _Trial(trials[0].trial_id))
         callback.on_trial_result(0, [], _Trial(trials[0].trial_id), {"step": trials[0].total_steps // 2})
         lines[name] = [line for line in console.file.getvalue().splitlines() if "trials done" in line]
-    assert lines["plain"] and re.search(r"^\d\d:\d\d 0/2 trials done · 1 running · \d+% of the FLOPs", lines["plain"][-1])
+    assert lines["plain"] and re.search(r"^\d\d:\d\d 0/2 trials done · 1 running · \d+% of the FLOPs · about \S+ left at this rate$",
+                                        lines["plain"][-1]), lines["plain"]
     flops = [t.flops_per_token * t.total_tokens for t in trials]
     assert lines["plain"][-1].split(" · ")[2] == f"{100 * flops[0] / 2 / sum(flops):.0f}% of the FLOPs"
     assert lines["quiet"] == []  # within every_s of the last line (here: of the start)
