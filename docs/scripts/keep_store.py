@@ -4,8 +4,11 @@ nothing: each trial's row files byte for byte and its runs row (ResultsStore.cop
 copied too; git ignores them (*.pt), so a store kept in the repository holds the rows only.
 
     python docs/scripts/keep_store.py results/attention docs/stores/attention
+    python docs/scripts/keep_store.py docs/stores/attention docs/stores/families specs/families_ladders.yaml
 
 Run it as often as you like while the sweep runs: it copies only trials the destination lacks.
+With a spec, only that spec's trials are copied, renamed to the destination's sweep: how trials
+another study ran (the attention study's softmax arm is d_model 128 ladder points) join a store.
 On a fresh machine, `sweep run SPEC --reuse docs/stores/<sweep>` copies them back into the
 results folder and trains only what is missing; `sweep report docs/stores/<sweep>` reads the
 kept store directly.
@@ -14,16 +17,25 @@ import sys
 
 from resultstore import ResultsStore
 
-if len(sys.argv) != 3:
+if len(sys.argv) not in (3, 4):
     sys.exit(__doc__)
 source, dest = ResultsStore.at(sys.argv[1]), ResultsStore.at(sys.argv[2])
 if not source.exists():
     sys.exit(f"{sys.argv[1]}: no sweep there")
-if dest.sweep != source.sweep:
-    sys.exit(f"{sys.argv[2]}: name the destination after the sweep ({source.sweep}), so its runs rows keep their sweep")
+wanted = source.completed_ids()
+if len(sys.argv) == 4:
+    from sweep.grid import expand
+    from sweep.spec import load_spec
+
+    spec = load_spec(sys.argv[3])
+    if spec.name != dest.sweep:
+        sys.exit(f"{sys.argv[3]}: its sweep is {spec.name}, the destination's {dest.sweep}")
+    wanted &= {t.trial_id for t in expand(spec)}
+elif dest.sweep != source.sweep:
+    sys.exit(f"{sys.argv[2]}: name the destination after the sweep ({source.sweep}), or give the spec whose trials to take")
 with dest.writing("keep_store", repair=False) as notes:
     for note in notes:
         print(f"warning: {note}", file=sys.stderr)
     have = dest.completed_ids() if dest.exists() else set()
-    copied = dest.copy_finished(source, sorted(source.completed_ids() - have))
+    copied = dest.copy_finished(source, sorted(wanted - have))
 print(f"{len(copied)} trial(s) copied to {dest.uri}; {len(have) + len(copied)} kept there in all")
