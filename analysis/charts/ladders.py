@@ -34,7 +34,7 @@ def lr_ladders(
     seed diverged (``tuning_id``, ``lr`` and the label and size columns), drawn as crosses along
     the panel's top. Ladders of one lr are left out: they have no shape to show. ``y_span``: an lr
     whose loss is more than this many nats above its own ladder's best is drawn at that level, as a
-    triangle (its value in the tooltip), so one bad lr does not flatten every ladder's optimum
+    triangle labelled with its loss, so one bad lr does not flatten every ladder's optimum
     (None: draw every point where it lies)."""
     df = as_frame(table)
     laddered = best.filter(pl.col("n_lrs") > 1).get_column("tuning_id").implode()
