@@ -17,11 +17,18 @@ import sys
 
 from resultstore import ResultsStore
 
+
+def refuse(message: str) -> None:
+    """Bad input: the message, exit 2, nothing written."""
+    print(message, file=sys.stderr)
+    sys.exit(2)
+
+
 if len(sys.argv) not in (3, 4):
-    sys.exit(__doc__)
+    refuse(__doc__)
 source, dest = ResultsStore.at(sys.argv[1]), ResultsStore.at(sys.argv[2])
 if not source.exists():
-    sys.exit(f"{sys.argv[1]}: no sweep there")
+    refuse(f"{sys.argv[1]}: no sweep there")
 wanted = source.completed_ids()
 if len(sys.argv) == 4:
     from sweep.grid import expand
@@ -29,10 +36,10 @@ if len(sys.argv) == 4:
 
     spec = load_spec(sys.argv[3])
     if spec.name != dest.sweep:
-        sys.exit(f"{sys.argv[3]}: its sweep is {spec.name}, the destination's {dest.sweep}")
+        refuse(f"{sys.argv[3]}: its sweep is {spec.name}, the destination's {dest.sweep}")
     wanted &= {t.trial_id for t in expand(spec)}
 elif dest.sweep != source.sweep:
-    sys.exit(f"{sys.argv[2]}: name the destination after the sweep ({source.sweep}), or give the spec whose trials to take")
+    refuse(f"{sys.argv[2]}: name the destination after the sweep ({source.sweep}), or give the spec whose trials to take")
 with dest.writing("keep_store", repair=False) as notes:
     for note in notes:
         print(f"warning: {note}", file=sys.stderr)
