@@ -111,6 +111,10 @@ def run(
     reuse: Annotated[Optional[str], typer.Option(
         help="Another sweep's folder or URI (results/<name>): each trial of this spec it finished (same trial id: "
              "the same science config and seed) is copied into this sweep's store, not trained again.")] = None,
+    stop_launching_at: Annotated[Optional[str], typer.Option(
+        "--stop-launching-at", help="Start no trial after this time: HH:MM today, a date and time "
+        "(2026-12-05T09:30) or +DURATION from now (+2h30m). Trials running then finish; the rest wait for "
+        "the next run (a job's walltime, a machine lent until a set hour).")] = None,
 ) -> None:
     """Run every trial of the spec not yet complete in the store.
 
@@ -124,6 +128,7 @@ def run(
     from sweep.spec import SpecError, line_in
 
     spec, trials = load(spec_path)
+    deadline = launch_deadline(stop_launching_at) if stop_launching_at is not None else None
     source = reused_store(reuse, results, spec.name, trials) if reuse is not None else None
     if dry_run:
         plan(spec_path, results)
@@ -159,7 +164,7 @@ def run(
     try:
         with progress:
             outcome = run_sweep(spec, trials, store, address=address, max_concurrent=max_concurrent,
-                                on_start=on_start, reuse=source)
+                                on_start=on_start, reuse=source, launch_deadline=deadline)
     except (SpecError, StorageError) as exc:
         loc = getattr(exc, "loc", None)  # a resource no node has: point at the spec's line
         line = line_in(spec_path, loc) if loc else None
@@ -182,8 +187,40 @@ def run(
     if outcome.missing:
         err.print(f"[red]{len(outcome.missing)} trial(s) did not finish[/] (interrupted or killed; running the spec "
                   f"again resumes each from its last checkpoint): {', '.join(outcome.missing)}")
+    if outcome.not_started:
+        out.print(f"[yellow]{len(outcome.not_started)} trial(s) not started[/]: their turn came after "
+                  f"--stop-launching-at {q(stop_launching_at or '')}; running the spec again runs them", highlight=False)
     if outcome.unexpected:
         raise typer.Exit(1)
+
+
+def launch_deadline(text: str, now: float | None = None) -> float:
+    """`--stop-launching-at`'s time as epoch seconds: HH:MM (today, local), an ISO date and time,
+    or +DURATION (+90m, +2h30m, +45s) from `now`. Exit 2 on anything else or a time already past."""
+    import datetime as dt
+    import re
+
+    now = time.time() if now is None else now
+    where = f"--stop-launching-at {text!r}"
+    relative = re.fullmatch(r"\+(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", text.strip())
+    if relative and any(relative.groups()):
+        hours, minutes, seconds = (int(g or 0) for g in relative.groups())
+        if hours * 3600 + minutes * 60 + seconds == 0:
+            raise bad_input(f"{where}: must be after now (+30m, +2h)")
+        return now + hours * 3600 + minutes * 60 + seconds
+    today = dt.datetime.fromtimestamp(now)
+    try:
+        clock = re.fullmatch(r"(\d{1,2}):(\d{2})", text.strip())
+        when = (today.replace(hour=int(clock[1]), minute=int(clock[2]), second=0, microsecond=0) if clock
+                else dt.datetime.fromisoformat(text.strip()))
+    except ValueError:
+        raise bad_input(f"{where}: not a time; give HH:MM (today), a date and time (2026-12-05T09:30) "
+                        "or +DURATION (+2h30m)") from None
+    at = when.timestamp()  # a naive time is this machine's local time; an offset is honoured
+    if at <= now:
+        raise bad_input(f"{where}: that time has passed (it is {today:%Y-%m-%d %H:%M} here); "
+                        "give a later one, with its date if it is tomorrow")
+    return at
 
 
 def reused_store(reuse: str, results: str, name: str, trials) -> ResultsStore:
@@ -208,7 +245,8 @@ def run_summary(outcome) -> str:
     An interrupted run says so rather than counting its unfinished trials as run."""
     from resultstore.schema import STATUSES
 
-    ended = [(status, sum(s == status for s in outcome.statuses.values())) for status in (*STATUSES, "missing")]
+    statuses = [s if t not in outcome.not_started else "not started" for t, s in outcome.statuses.items()]
+    ended = [(status, statuses.count(status)) for status in (*STATUSES, "missing", "not started")]
     how = ", ".join(f"{n} {'unfinished' if status == 'missing' else status}" for status, n in ended if n)
     return (f"{outcome.launched} trials launched, {outcome.skipped} skipped, in {duration(outcome.wall_s)}"
             + (f": {how}." if how else "."))

@@ -35,6 +35,8 @@ class SweepOutcome:
     notes: tuple[str, ...] = ()  # warnings for the user: lock taken over, files quarantined, rows written by the driver
     ladder: frozenset[str] = frozenset()
     """Launched trials that diverged inside an lr ladder (see ladder_divergences): expected."""
+    not_started: frozenset[str] = frozenset()
+    """Trials whose turn came after the launch deadline: they returned without training (no row)."""
 
     @property
     def failed(self) -> list[str]:
@@ -43,8 +45,9 @@ class SweepOutcome:
 
     @property
     def missing(self) -> list[str]:
-        """Launched trials with no runs row at all (killed before they could write one)."""
-        return [t for t, s in self.statuses.items() if s == "missing"]
+        """Launched trials with no runs row at all (killed before they could write one), less those
+        the launch deadline kept from starting."""
+        return [t for t, s in self.statuses.items() if s == "missing" and t not in self.not_started]
 
     @property
     def unexpected(self) -> list[str]:
@@ -285,12 +288,15 @@ def run_sweep(
     num_cpus: int | None = None,
     on_start: Callable[[list[TrialConfig]], list | None] | None = None,
     reuse: ResultsStore | None = None,
+    launch_deadline: float | None = None,
 ) -> SweepOutcome:
     """Run every trial of `trials` not yet complete in `store`, on a local or remote Ray.
     `store`: the sweep's ResultsStore, opened and checked writable by the caller (`sweep run`
     does it once, at the CLI: sweep.cli_store.open_store). `on_start(todo)` sees the trials
     about to run and may return Ray Tune callbacks. `reuse`: another sweep's store whose finished
-    trials of `trials` are copied into `store` first (ResultsStore.copy_finished), not run."""
+    trials of `trials` are copied into `store` first (ResultsStore.copy_finished), not run.
+    `launch_deadline` (epoch seconds): a trial whose turn comes later returns without training
+    (SweepOutcome.not_started); those running then finish."""
     t0 = time.perf_counter()
     with store.writing("sweep run") as notes:  # LockHeld (exit 2) when another writer holds this sweep
         for note in notes:
@@ -299,10 +305,11 @@ def run_sweep(
             here = store.completed_ids()
             copied = store.copy_finished(reuse, [t.trial_id for t in trials if t.trial_id not in here])
             print(f"copied {len(copied)} finished trial(s) from {reuse.uri} (the same trial ids: not trained again)")
-        return _run_locked(spec, trials, store, address, max_concurrent, num_cpus, on_start, t0, notes)
+        return _run_locked(spec, trials, store, address, max_concurrent, num_cpus, on_start, t0, notes, launch_deadline)
 
 
-def _run_locked(spec, trials, store, address, max_concurrent, num_cpus, on_start, t0, notes) -> SweepOutcome:
+def _run_locked(spec, trials, store, address, max_concurrent, num_cpus, on_start, t0, notes,
+                launch_deadline=None) -> SweepOutcome:
     done = store.completed_ids()
     # Largest first: the long trials start early and the small ones fill the gaps at the end.
     todo = sorted((t for t in trials if t.trial_id not in done), key=lambda t: -t.flops_per_token * t.total_tokens)
@@ -334,6 +341,7 @@ def _run_locked(spec, trials, store, address, max_concurrent, num_cpus, on_start
     param_space = {
         "results": store.root,  # each worker opens its own store from it
         "cwd": os.getcwd(),  # relative paths in the spec (data.text, data.tokens) mean what they meant here
+        "launch_deadline": launch_deadline,
         "point": tune.grid_search([
             {"trial": t.model_dump_json(), "trial_id": t.trial_id, "resources": demands[t.trial_id]}
             for t in todo
@@ -369,8 +377,10 @@ def _run_locked(spec, trials, store, address, max_concurrent, num_cpus, on_start
     statuses = dict(zip(runs["trial_id"].to_list(), runs["status"].to_list()))
     launched = {t.trial_id: statuses.get(t.trial_id, "missing") for t in todo}
     ladder = frozenset(ladder_divergences(runs) & set(launched))
+    tune_points = [((r.config or {}).get("point", {}).get("trial_id"), r.metrics or {}) for r in (grid or [])]
+    not_started = frozenset(t for t, last in tune_points if last.get("not_started") and launched.get(t) == "missing")
     return SweepOutcome(len(trials), len(trials) - len(todo), len(todo), launched, time.perf_counter() - t0,
-                        tuple(notes), ladder)
+                        tuple(notes), ladder, not_started)
 
 
 def _fit(tuner):

@@ -76,8 +76,16 @@ class ProgressCallback(Callback):
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         tid = self._finish(trial)
-        self.done += 1
         last = self.last.get(tid, {})
+        if last.get("not_started"):  # past --stop-launching-at: out of this run's count and FLOPs
+            self.progress.console.print(f"not started {tid}{self.labels[tid]}: past the launch deadline",
+                                        highlight=False)
+            for table in (self.flops, self.steps, self.at_step):
+                table.pop(tid, None)
+            self.progress.update(self.task, total=sum(self.flops.values()) or 1.0)
+            self._refresh()
+            return
+        self.done += 1
         loss, status = last.get("val_loss"), last.get("status", "done")
         if status == "diverged":  # its own line came with the result; a trial that ends diverged is not "done"
             self.progress.console.print(f"[yellow]diverged[/] {tid}{self.labels[tid]}: it stopped at step "

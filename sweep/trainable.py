@@ -15,6 +15,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -216,6 +217,10 @@ def run_trial(config: dict) -> None:
     if cwd and os.path.isdir(cwd):  # Tune starts a trial in its own folder; the spec's paths are the driver's
         os.chdir(cwd)
     cfg = TrialConfig.model_validate_json(config["point"]["trial"])
+    deadline = config.get("launch_deadline")
+    if deadline is not None and time.time() > deadline:  # `sweep run --stop-launching-at`: not this run
+        tune.report({"trial_id": cfg.trial_id, "not_started": True, "finished": True})
+        return
     check_corpus(cfg.data)  # this node's view of the corpus the driver checked
     store = ResultsStore(config["results"], cfg.sweep)
     sink = TuneSink(store, cfg.trial_id)

@@ -205,6 +205,42 @@ def test_the_run_summary_counts_an_interrupted_run_s_unfinished_trials_apart():
         "0 trials launched, 2 skipped, in 1s.")
 
 
+def test_stop_launching_at_reads_a_clock_time_a_date_or_a_duration_and_refuses_the_past():
+    import datetime as dt
+
+    import typer
+
+    from sweep.cli import launch_deadline
+
+    now = dt.datetime(2026, 12, 4, 15, 0, 0).timestamp()  # local time, as the option reads it
+    assert launch_deadline("+2h30m", now) == now + 9000
+    assert launch_deadline("+45s", now) == now + 45 and launch_deadline("+90m", now) == now + 5400
+    assert launch_deadline("17:05", now) == dt.datetime(2026, 12, 4, 17, 5).timestamp()
+    assert launch_deadline("2026-12-05T09:30", now) == dt.datetime(2026, 12, 5, 9, 30).timestamp()
+    for bad in ("14:59", "2026-12-03T23:00", "+0m", "+", "soon", "25:00", "2h"):
+        with pytest.raises(typer.Exit) as raised:
+            launch_deadline(bad, now)
+        assert raised.value.exit_code == 2, bad
+
+
+def test_run_refuses_a_past_stop_launching_at_before_it_writes_anything(tmp_path):
+    r = invoke("run", SMOKE, "--results", tmp_path / "r", "--stop-launching-at", "2001-01-01T00:00")
+    assert r.exit_code == 2, r.output
+    assert "--stop-launching-at '2001-01-01T00:00': that time has passed" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_run_summary_counts_trials_the_launch_deadline_kept_apart():
+    from sweep.cli import run_summary
+    from sweep.launch import SweepOutcome
+
+    outcome = SweepOutcome(total=6, skipped=1, launched=5, wall_s=600.0,
+                           statuses={"a": "done", "b": "done", "c": "missing", "d": "missing", "e": "missing"},
+                           not_started=frozenset({"d", "e"}))
+    assert run_summary(outcome) == "5 trials launched, 1 skipped, in 10min: 2 done, 1 unfinished, 2 not started."
+    assert outcome.missing == ["c"] and outcome.unexpected == ["c"]
+
+
 def test_run_reuse_copies_another_sweep_s_finished_trials_and_trains_nothing(tmp_path):
     """The smoke spec renamed: the same trial ids. Its two trials, finished in the smoke sweep,
     are copied into the new sweep's store (renamed to it) and nothing runs (Ray never starts)."""

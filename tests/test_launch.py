@@ -107,6 +107,20 @@ def test_relative_data_paths_mean_what_they_meant_where_sweep_run_started(tmp_pa
     assert ResultsStore(tmp_path / "r", spec.name).read("runs")["status"].to_list() == ["done"]
 
 
+def test_trials_whose_turn_comes_after_the_launch_deadline_do_not_start(tmp_path, local_ray):
+    import time
+
+    spec = parse_spec(SPEC)
+    trials = expand(spec)
+    outcome = run_sweep(spec, trials, ResultsStore(tmp_path, spec.name), launch_deadline=time.time())
+    assert outcome.launched == 2 and outcome.not_started == {t.trial_id for t in trials}
+    assert outcome.missing == [] and outcome.unexpected == []  # not started is not a failure: exit 0
+    assert not (tmp_path / spec.name / "runs").exists() or not list((tmp_path / spec.name / "runs").glob("*"))
+    assert not (tmp_path / spec.name / "trials").exists()  # nothing of either trial began
+    later = run_sweep(spec, trials, ResultsStore(tmp_path, spec.name), launch_deadline=time.time() + 3600)
+    assert later.not_started == frozenset() and set(later.statuses.values()) == {"done"}
+
+
 LADDER_SPEC = {**SPEC, "train": {**SPEC["train"], "steps": 3, "eval_every": 3, "checkpoint_every": 0},
                "grid": {**SPEC["grid"], "optimizer": [{"name": "sgd", "lr": [0.3, 1e9], "momentum": 0.9}]}}
 

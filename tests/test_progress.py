@@ -44,6 +44,23 @@ def test_laptop_sgd_ladder_prints_three_different_lines_naming_their_lr():
     assert not any(word in line for line in lines for word in ("layernorm", "none", "seed", "momentum"))
 
 
+def test_a_trial_past_the_launch_deadline_is_named_and_leaves_the_count_and_the_flops():
+    trials = expand(load_spec(SPECS / "laptop.yaml"))[:3]
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    progress = Progress(console=console)
+    callback = ProgressCallback(trials, progress)
+    first, late = trials[0], trials[2]
+    callback.on_trial_result(0, [], _Trial(first.trial_id), {"step": first.total_steps, "val_loss": 2.5})
+    callback.on_trial_complete(0, [], _Trial(first.trial_id))
+    callback.on_trial_result(0, [], _Trial(late.trial_id), {"not_started": True, "finished": True})
+    callback.on_trial_complete(0, [], _Trial(late.trial_id))
+    text = console.file.getvalue()
+    assert f"not started {late.trial_id}" in text and f"done {late.trial_id}" not in text
+    (task,) = progress.tasks
+    assert task.total == sum(t.flops_per_token * t.total_tokens for t in trials[:2])
+    assert task.description.startswith("1/2 trials done")
+
+
 def test_a_rerun_of_one_ladder_point_still_names_its_lr():
     trials = expand(load_spec(SPECS / "laptop.yaml"))
     console = Console(file=io.StringIO(), width=200, color_system=None)
