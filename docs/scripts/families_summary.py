@@ -1,6 +1,6 @@
 """Summary of a families sweep (issue 17, the headline with intervals; issue 33, both measures):
 each optimiser at its best lr per width (``analysis.selection.best_lr``; a best at the edge of its
-ladder is marked "edge", a bound), at the final step, of the residual stream (stored basis) and
+ladder is marked "edge", a bound; an lr with no ladder around it "one lr"), at the final step, of the residual stream (stored basis) and
 of the MLP input (computation basis), mean over blocks, in two measures side by side:
 - kurtosis over the exact null 3(d-1)/(d+1): it grows with width when one coordinate holds a
   fixed share f of each token's energy (about d f^2), so a rise across widths is not by itself
@@ -37,6 +37,7 @@ MEASURES = {"kurtosis": "kurtosis / null", "top1_share": "top-1 energy share"}
 results = load(sys.argv[1])
 best = best_lr(results)
 edges = set(best.filter(pl.col("edge").is_not_null()).get_column("config_id").to_list())
+untuned = set(best.filter(pl.col("untuned")).get_column("config_id").to_list())  # a ladder of one lr
 runs = (results.runs.collect().filter(pl.col("status") == "done").join(best.select("config_id"), on="config_id", how="semi")
         .select("trial_id", "config_id", "optimizer", "optimizer_family", "lr", "d_model", "params_non_embedding",
                 "seed", "steps", "final_val_loss"))
@@ -86,10 +87,12 @@ for o in optimisers:
     row = {"optimizer": o}
     for d in widths:
         cell = runs.filter(pl.col("optimizer") == o, pl.col("d_model") == d)
-        edge = " (edge)" if cell.height and cell["config_id"][0] in edges else ""
+        chosen = cell["config_id"][0] if cell.height else None
+        edge = " (edge)" if chosen in edges else " (one lr)" if chosen in untuned else ""
         row[f"d={d}"] = (interval(cell["final_val_loss"].to_numpy(), 3) + f" @ lr {cell['lr'][0]:g}{edge}") if cell.height else "-"
     loss_rows.append(row)
-print("\nfinal val loss (lr = the best lr at that width; edge: the best is the ladder's smallest or largest lr, a bound)")
+print("\nfinal val loss (lr = the best lr at that width; edge: the best is the ladder's smallest or largest lr, a "
+      "bound; one lr: no ladder ran there, untuned)")
 with pl.Config(tbl_rows=50, tbl_cols=20, tbl_width_chars=200, fmt_str_lengths=40):
     print(pl.DataFrame(loss_rows))
 
