@@ -107,6 +107,7 @@ def test_relative_data_paths_mean_what_they_meant_where_sweep_run_started(tmp_pa
     assert ResultsStore(tmp_path / "r", spec.name).read("runs")["status"].to_list() == ["done"]
 
 
+@pytest.mark.slow
 def test_trials_whose_turn_comes_after_the_launch_deadline_do_not_start(tmp_path, local_ray):
     import time
 
