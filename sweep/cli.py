@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from sweep.cli_store import ResultsOpt, SpecArg, SweepArg, load, open_store, refuse_damaged, sweep_folder, sweep_store
-from sweep.console import bad_input, duration, err, human, out, q, reason, refuse
+from sweep.console import bad_input, duration, err, human, launch_deadline, out, q, reason, refuse
 
 if TYPE_CHECKING:
     from resultstore.writer import ResultsStore
@@ -192,35 +192,6 @@ def run(
                   f"--stop-launching-at {q(stop_launching_at or '')}; running the spec again runs them", highlight=False)
     if outcome.unexpected:
         raise typer.Exit(1)
-
-
-def launch_deadline(text: str, now: float | None = None) -> float:
-    """`--stop-launching-at`'s time as epoch seconds: HH:MM (today, local), an ISO date and time,
-    or +DURATION (+90m, +2h30m, +45s) from `now`. Exit 2 on anything else or a time already past."""
-    import datetime as dt
-    import re
-
-    now = time.time() if now is None else now
-    where = f"--stop-launching-at {text!r}"
-    relative = re.fullmatch(r"\+(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", text.strip())
-    if relative and any(relative.groups()):
-        hours, minutes, seconds = (int(g or 0) for g in relative.groups())
-        if hours * 3600 + minutes * 60 + seconds == 0:
-            raise bad_input(f"{where}: must be after now (+30m, +2h)")
-        return now + hours * 3600 + minutes * 60 + seconds
-    today = dt.datetime.fromtimestamp(now)
-    try:
-        clock = re.fullmatch(r"(\d{1,2}):(\d{2})", text.strip())
-        when = (today.replace(hour=int(clock[1]), minute=int(clock[2]), second=0, microsecond=0) if clock
-                else dt.datetime.fromisoformat(text.strip()))
-    except ValueError:
-        raise bad_input(f"{where}: not a time; give HH:MM (today), a date and time (2026-12-05T09:30) "
-                        "or +DURATION (+2h30m)") from None
-    at = when.timestamp()  # a naive time is this machine's local time; an offset is honoured
-    if at <= now:
-        raise bad_input(f"{where}: that time has passed (it is {today:%Y-%m-%d %H:%M} here); "
-                        "give a later one, with its date if it is tomorrow")
-    return at
 
 
 def reused_store(reuse: str, results: str, name: str, trials) -> ResultsStore:
