@@ -29,7 +29,12 @@ run() {  # run one spec (then sweep run's options), copying in what KEEP holds, 
     [ -d "$keep" ] && reuse=(--reuse "$keep")
     echo "== $(date '+%F %T') sweep run $one ${reuse[*]} $*"
     sweep run "$one" --results "$results" "${reuse[@]}" "$@"
+    local rc=$?
     python "$here/keep_store.py" "$results/$name" "$keep"
+    if [ "$rc" -eq 2 ]; then  # bad input, or --stop-launching-at already past: nothing more will run
+        echo "== $(date '+%F %T') sweep run refused (exit 2): stopping"
+        exit 2
+    fi
 }
 
 run "$spec" "$@"
