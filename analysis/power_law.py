@@ -41,12 +41,23 @@ __all__ = [
     "PowerLawFit",
     "between_seed_halfwidth",
     "fit_power_law",
+    "n_label",
     "seed_exponents",
     "t_critical",
 ]
 
 SeedLike = int | np.random.Generator | np.random.SeedSequence | None
 _EMPTY = np.empty(0)
+
+
+def n_label(n: int, n_x: int, n_seeds: int | None) -> str:
+    """A fit's n in words: ``"9 (3 sizes × 3 seeds)"``, or ``"4 (2 sizes, up to 3 seeds a
+    size)"`` when not every size has every seed (one width's best lr seeded, another's not yet)."""
+    if n_seeds is None:
+        return f"{n} ({n_x} sizes)"
+    if n == n_x * n_seeds:
+        return f"{n} ({n_x} sizes × {n_seeds} seed{'s' if n_seeds != 1 else ''})"
+    return f"{n} ({n_x} sizes, up to {n_seeds} seeds a size)"
 
 
 @dataclass(frozen=True)
@@ -94,9 +105,7 @@ class PowerLawFit:
     @property
     def n_label(self) -> str:
         """``"9 (3 sizes × 3 seeds)"``: every quoted slope shows its n."""
-        if self.n_seeds is None:
-            return f"{self.n} ({self.n_x} sizes)"
-        return f"{self.n} ({self.n_x} sizes × {self.n_seeds} seeds)"
+        return n_label(self.n, self.n_x, self.n_seeds)
 
     def predict(self, x: Any) -> np.ndarray:
         """``offset + coefficient * x ** exponent``."""

@@ -14,7 +14,8 @@ from analysis.queries import scale_table
 from resultstore.schema import FINISHED, Role, runs_columns
 
 __all__ = [
-    "best_lr", "best_lr_results", "group_size_table", "line_labels", "onset", "quant_penalty", "unrotated_table", "versus",
+    "best_lr", "best_lr_results", "group_size_table", "line_labels", "onset", "quant_penalty", "unrotated_table",
+    "untuned_choices", "versus",
 ]
 
 
@@ -100,7 +101,24 @@ def best_lr_results(results: Results, best: pl.DataFrame | None = None) -> Resul
     best = best_lr(results) if best is None else best
     ids = best.select("config_id").lazy()
     runs = prepare_runs(results.runs).join(ids, on="config_id", how="semi")
+    if best.height and {"edge", "untuned", "d_model"} <= set(best.columns):
+        runs = runs.join(untuned_choices(best).lazy(), on="config_id", how="left")
     return dataclasses.replace(results, runs=runs)
+
+
+def untuned_choices(best: pl.DataFrame) -> pl.DataFrame:
+    """``config_id`` and ``lr_choice`` for each best-lr choice that is not an optimum inside its
+    ladder: at the ladder's edge (a bound), or a single lr in a store where other configs have
+    ladders (a store with no ladder at all is untuned throughout, and says so once). Line labels
+    (``line_labels``) name them, so a fit "lr tuned per size" shows the sizes where it is not."""
+    laddered = int(best.get_column("n_lrs").max() or 0) > 1
+    words = (
+        pl.when(pl.col("edge") == "low").then(pl.lit("best at the smallest lr tried"))
+        .when(pl.col("edge") == "high").then(pl.lit("best at the largest lr tried"))
+        .when(pl.col("untuned") & laddered).then(pl.lit("one lr"))
+    )  # fmt: skip
+    choice = pl.format("d_model {}: {}", pl.col("d_model"), words)
+    return best.select("config_id", lr_choice=choice).filter(pl.col("lr_choice").is_not_null())
 
 
 def versus(
@@ -266,12 +284,15 @@ def line_labels(frame: pl.DataFrame | pl.LazyFrame, key: str = "tuned_line_id") 
     """A readable ``config`` label per ``key`` (a line across sizes): ``optimizer · norm ·
     rotation``, then every other hyper-parameter that differs between lines of one optimiser
     (``momentum=0.5``), then the lr (``lr=0.003``, or ``lr tuned per size`` when the best lr
-    differs between sizes); also the optimizer, family, norm and rotation_label columns."""
+    differs between sizes, with the sizes where the best lr is not an optimum inside its ladder when
+    ``frame`` carries ``lr_choice``: ``untuned_choices``); also the optimizer, family, norm and
+    rotation_label columns."""
     df = frame.lazy().collect() if isinstance(frame, pl.LazyFrame) else frame
     present = [c for c in label_columns() if c in df.columns and c != "lr"]
     lines = df.group_by(key).agg(
         *[pl.col(c).first() for c in present],
         lrs=pl.col("lr").unique().sort() if "lr" in df.columns else pl.lit([]),
+        untuned=pl.col("lr_choice").drop_nulls().unique().sort() if "lr_choice" in df.columns else pl.lit([]),
     )
     varying = [
         c for c in _line_hyper()
@@ -287,6 +308,8 @@ def line_labels(frame: pl.DataFrame | pl.LazyFrame, key: str = "tuned_line_id") 
             parts.append(f"lr={lrs[0]:g}")
         elif lrs:
             parts.append("lr tuned per size")
+        if r.get("untuned"):
+            parts[-1] += f" (not tuned at {'; '.join(r['untuned'])})"
         out.append({key: r[key], "config": " · ".join(parts),
                     **{c: r.get(c) for c in _LINE_LABELS if c in present}})  # fmt: skip
     schema = {key: pl.String, "config": pl.String, **{c: df.schema[c] for c in _LINE_LABELS if c in present}}

@@ -314,8 +314,17 @@ def test_one_seed_falls_back_to_the_ols_t_interval() -> None:
     fit = fit_power_law(x, y[0], offset=3.0, seeds=seeds, n_boot=50)
     assert fit.interval == "OLS t (one seed)"
     assert fit.exponent_ci == fit.exponent_ci_t
-    assert fit.n_label == "4 (4 sizes × 1 seeds)"
+    assert fit.n_label == "4 (4 sizes × 1 seed)"
     assert fit_power_law(x, y[0], offset=3.0, n_boot=50).interval == "bootstrap over points"
+
+
+def test_n_label_says_when_not_every_size_has_every_seed() -> None:
+    """A ladder seeded at one width's best lr and not yet at the next: 3 + 1 points are not
+    "2 sizes × 3 seeds"."""
+    x, seeds, y = _simulate(2, 3, 1, np.random.default_rng(1))
+    keep = (x == x.min()) | (seeds == 0)
+    fit = fit_power_law(x[keep], y[0][keep], offset=3.0, seeds=seeds[keep], n_boot=0)
+    assert fit.n == 4 and fit.n_label == "4 (2 sizes, up to 3 seeds a size)"
 
 
 def test_seed_comparison_is_a_welch_test() -> None:

@@ -351,6 +351,10 @@ def test_main_charts_show_best_lr_points_and_say_so(tmp_path: Path) -> None:
     raw = rep.fits.filter(pl.col("fit").str.starts_with(RESID_OVER_NULL))
     assert raw.height == 2 and set(raw.get_column("n").to_list()) == {4}
     assert any("lr=0.003" in c for c in raw.get_column("config"))
+    sgd_label = raw.filter(pl.col("optimizer") == "sgd").get_column("config").item()  # a bound, named in the fit
+    assert sgd_label.endswith("lr=0.3 (not tuned at d_model 32: best at the largest lr tried; "
+                              "d_model 64: best at the largest lr tried)"), sgd_label
+    assert "not tuned" not in raw.filter(pl.col("optimizer") == "adam").get_column("config").item()
     index = (tmp_path / "rep" / "index.html").read_text()
     assert "Best learning rates" in index and "edge: largest lr tried" in index
     flagged = [n for n in rep.notes if "best-lr choices are flagged" in n]  # each bound named where it is read
@@ -368,6 +372,20 @@ def test_main_charts_show_best_lr_points_and_say_so(tmp_path: Path) -> None:
     assert "# Best lr against size" in (tmp_path / "rep" / "fits.md").read_text()
     assert "lr_vs_params" in rep.charts and any("lr_fit.csv" in n for n in rep.notes)
     assert re.search(r"adam [^:]*: b = -?0\.00, lr0 = 0\.003 at N0 = [\d,]+ \(2 sizes: no interval\)", rep.captions["lr_vs_params"])
+
+
+def test_one_lr_beside_ladders_is_flagged_where_it_is_read(tmp_path: Path) -> None:
+    """Issue 33: a width or optimiser run at one lr in a store of ladders read as tuned in the fits."""
+    from synthetic_store import write_store
+
+    mixed = write_store(tmp_path, name="mixed", sizes=(32, 64), seeds=(0,), steps=(0, 100),
+                        lrs={"adam": [1e-3, 3e-3, 1e-2]}, seed=3)  # fmt: skip
+    specs = (FitSpec("kurtosis", chart=False),)
+    rep = write_report(mixed.path, tmp_path / "rep", formats=("svg",), fit_specs=specs, n_boot=20)
+    flagged = [n for n in rep.notes if "best-lr choices are flagged" in n]
+    assert len(flagged) == 1 and len(re.findall(r"sgd at [\d.]+k? \(untuned \(one lr\)", flagged[0])) == 2, rep.notes
+    sgd = rep.fits.filter(pl.col("optimizer") == "sgd").get_column("config").item()
+    assert sgd.endswith("(not tuned at d_model 32: one lr; d_model 64: one lr)"), sgd
 
 
 def test_report_never_pools_configs_that_differ_in_one_hyper_parameter(twins, tmp_path: Path) -> None:  # noqa: F811

@@ -148,7 +148,8 @@ def _best_lr(ctx: Context) -> None:
         "seed-mean final val loss; see the best-lr table)"
         if ctx.tuned else "every config (each was run at one lr: untuned)"
     )  # fmt: skip
-    flagged = c.best_lr.filter(pl.col("edge").is_not_null() | pl.col("tie"))
+    # a single lr beside other configs' ladders reads as tuned unless it is named
+    flagged = c.best_lr.filter(pl.col("edge").is_not_null() | pl.col("tie") | (pl.col("untuned") & ctx.tuned))
     if flagged.height:
         size = ctx.x if ctx.x in flagged.columns else "d_model"
         name = ["optimizer", *(k for k in ("norm", "rotation_label")
@@ -158,6 +159,7 @@ def _best_lr(ctx: Context) -> None:
                  for r in flagged.sort("optimizer", size).iter_rows(named=True)]
         c.notes.append(
             f"{flagged.height} of {c.best_lr.height} best-lr choices are flagged (an optimum at the edge of the lr "
-            f"ladder, or a tie), and every chart, fit and contrast through them reads a bound, not an optimum: "
+            f"ladder, a tie, or one lr beside other configs' ladders), and every chart, fit and contrast through "
+            f"them reads a bound or an untuned point, not an optimum (fit labels name them): "
             f"{'; '.join(which)}. `sweep next` writes the trials that settle them."
         )

@@ -21,6 +21,7 @@ import polars as pl
 from analysis.charts import AXIS_TITLES, format_count
 from analysis.fits import MIN_BOOTSTRAP_UNITS
 from analysis.load import config_label
+from analysis.power_law import n_label
 from analysis.report import privilege
 from analysis.vega_workers import VECTOR, VegaWorkers, render_spec
 
@@ -114,8 +115,7 @@ COMPARISONS = (
 
 
 def _n_label(r: dict[str, Any]) -> str:
-    seeds = f" × {r['n_seeds']} seeds" if r.get("n_seeds") is not None else ""
-    return f"{r['n']} ({r['n_x']} sizes{seeds})"
+    return n_label(r["n"], r["n_x"], r.get("n_seeds"))
 
 
 def fits_table(df: pl.DataFrame) -> Table:
