@@ -11,7 +11,8 @@ set side by side. At the final step, mean over blocks, per optimiser x attention
   with what uniform causal attention reads on the same tokens (the probe's reference rows).
 Cells read mean ± 95% t half-width over seeds ("one seed" when there is one).
 
-Then the two causes, as differences of residual kurtosis / null (and top-1 share), paired by seed:
+Adam runs at two lrs (3e-3 and 1e-2: its d128 best moved between machines); each lr is an arm of
+its own ("adam lr=0.003"). Then the two causes, as differences of residual kurtosis / null (and top-1 share), paired by seed:
 - Adam's excess under each attention: adam - rotated_adam (the same model trained with Adam's
   moments in a fixed random basis: what the per-coordinate normaliser adds);
 - what each attention variant does to Adam: adam(variant) - adam(softmax);
@@ -35,7 +36,7 @@ from analysis.report.sinks import uniform_level
 results = load(sys.argv[1])
 ORDER = ["adam", "rotated_adam", "muon"]
 ATTENTIONS = ["softmax", "softmax1", "gated", "clipped", "kv_bias"]
-KEY = ["optimizer", "attention", "seed"]
+KEY = ["optimizer", "lr", "attention", "seed"]
 
 
 def column(metric: str, site: str, basis: str, name: str, over_null: bool = False) -> pl.DataFrame:
@@ -55,6 +56,11 @@ for frame in (
     column("sink_heads", "attn", "heads", "sink heads"),
 ):
     table = table.join(frame.with_columns(pl.col("attention").fill_null("softmax")), on=KEY, how="left")
+# an arm is an optimiser, or an optimiser at one lr where the study runs it at several (Adam)
+lrs = table.group_by("optimizer").agg(pl.col("lr").n_unique().alias("n_lr"))
+table = table.join(lrs, on="optimizer").with_columns(arm=pl.when(pl.col("n_lr") > 1).then(
+    pl.format("{} lr={}", "optimizer", pl.col("lr").map_elements(lambda v: f"{v:g}", return_dtype=pl.String)))
+    .otherwise(pl.col("optimizer")))
 tested = results.metrics.filter(pl.col("metric") == "kurtosis_rank_p", pl.col("site") == "resid",
                                 pl.col("basis") == "random", pl.col("layer") > 0)
 tested = (tested.join(results.runs.select("trial_id", "steps"), on="trial_id").filter(pl.col("step") == pl.col("steps"))
@@ -81,16 +87,17 @@ def rank(value: str, order: list[str]) -> int:
     return order.index(value) if value in order else len(order)
 
 
-optimisers = sorted(table["optimizer"].unique().to_list(), key=lambda o: rank(o, ORDER))
+arms = table.select("arm", "optimizer", "lr").unique()
+arms = [a for a, _, _ in sorted(arms.iter_rows(), key=lambda r: (rank(r[1], ORDER), r[2]))]
 attentions = sorted(table["attention"].unique().to_list(), key=lambda a: rank(a, ATTENTIONS))
 widths = sorted(table["d_model"].unique().to_list())
 print(f"{table.height} done trials; final step, mean over blocks; mean ± 95% t half-width over seeds")
 print("top-1 share's null (Gaussian tokens): " + "; ".join(f"d={d}: {float(top_share_null(d)):.3f}" for d in widths)
       + "; kurtosis / null reads 1 without a privileged basis")
 rows = []
-for o in optimisers:
+for o in arms:
     for a in attentions:
-        cell = table.filter(pl.col("optimizer") == o, pl.col("attention") == a)
+        cell = table.filter(pl.col("arm") == o, pl.col("attention") == a)
         if not cell.height:
             continue
         row = {"optimizer": o, "attention": a, "seeds": cell.height}
@@ -115,21 +122,22 @@ def paired(a: pl.DataFrame, b: pl.DataFrame, measure: str) -> str:
 
 
 def at(o: str, a: str) -> pl.DataFrame:
-    return table.filter(pl.col("optimizer") == o, pl.col("attention") == a)
+    return table.filter(pl.col("arm") == o, pl.col("attention") == a)
 
 
 for measure in ("resid kurt/null", "resid top-1 share"):
-    print(f"\n{measure}: Adam's excess over rotated_adam under each attention, and each attention's effect on Adam")
-    for a in attentions:
-        excess = paired(at("adam", a), at("rotated_adam", a), measure)
-        effect = paired(at("adam", a), at("adam", "softmax"), measure) if a != "softmax" else "(the reference)"
-        print(f"  {a:<9} adam - rotated_adam: {excess:<28}  adam({a}) - adam(softmax): {effect}")
+    for adam in (o for o in arms if o.startswith("adam")):
+        print(f"\n{measure}: {adam}'s excess over rotated_adam under each attention, and each attention's effect on it")
+        for a in attentions:
+            excess = paired(at(adam, a), at("rotated_adam", a), measure)
+            effect = paired(at(adam, a), at(adam, "softmax"), measure) if a != "softmax" else "(the reference)"
+            print(f"  {a:<9} {adam} - rotated_adam: {excess:<28}  ({a}) - (softmax): {effect}")
 
 print("\nSpearman's rank correlation of each sink measure with residual kurtosis / null, across all done trials "
       "and within each optimiser (where only the attention and the seed vary); a description, not a test")
 for mass in ("mass on pos 0", "mass on delims", "mass on no key", "sink heads"):
     cells = []
-    for name, sub in [("all", table), *((o, table.filter(pl.col("optimizer") == o)) for o in optimisers)]:
+    for name, sub in [("all", table), *((o, table.filter(pl.col("arm") == o)) for o in arms)]:
         sub = sub.select(mass, "resid kurt/null").drop_nulls()
         if sub.height >= 3 and sub[mass].n_unique() > 1 and sub["resid kurt/null"].n_unique() > 1:
             rho = stats.spearmanr(sub[mass].to_numpy(), sub["resid kurt/null"].to_numpy()).statistic
