@@ -234,7 +234,8 @@ class RuntimeConfig(_Frozen):
     compile: bool | Literal["auto"] = "auto"
     """torch.compile the model: true, false, or auto (CUDA trials from study.device.COMPILE_MIN_PARAMS up)."""
     precision: Literal["auto", "bf16", "fp32"] = "auto"
-    """Autocast: auto is bf16 on CUDA and fp32 on CPU; bf16 forces it on CPU too."""
+    """Autocast: auto is bf16 on CUDA and fp32 on CPU; bf16 forces it on CPU too; fp32 is full fp32
+    everywhere (no autocast, and no TF32 matmuls on CUDA)."""
     gpu_fraction: float | None = Field(default=None, gt=0, le=1)
     """This trial's share of one GPU (Ray's fractional gpu); caps its CUDA memory at that fraction."""
 

@@ -110,6 +110,13 @@ def use_bf16(precision: str, device: torch.device) -> bool:
     return precision == "bf16" or (precision == "auto" and device.type == "cuda")
 
 
+def use_tf32(precision: str, device: torch.device) -> bool:
+    """TF32 matmuls (a 10-bit mantissa) on CUDA, except under `fp32`: there every product is
+    full fp32, as on a CPU, so a GPU trial and a CPU trial of one config differ only in the order
+    of their sums."""
+    return device.type == "cuda" and precision != "fp32"
+
+
 def cpu_model() -> str:
     """The host CPU's model name: /proc/cpuinfo's "model name", else lscpu's "Model name",
     else platform.processor() or the machine type (macOS, or a kernel that hides it)."""

@@ -29,6 +29,7 @@ from study.config import TrialConfig
 from study.data import Corpus, eval_batch, load_corpus, sample_batch
 from study.device import (
     cpu_model, device_detail, limit_memory, mfu, peak_memory_bytes, reset_peak_memory, should_compile, use_bf16,
+    use_tf32,
 )
 from study.evaluation import Evaluation, evaluate
 from study.invariance import loss_change_by_dtype
@@ -305,8 +306,9 @@ def _build(cfg: TrialConfig, sharding: str) -> _Setup:
         torch.set_num_threads(cfg.runtime.num_threads)
     device = distributed.device_for(resolve_device(cfg.runtime.device), ranks)
     if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+        tf32 = use_tf32(cfg.runtime.precision, device)
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
         limit_memory(cfg.runtime.gpu_fraction, device)  # before the first allocation
         reset_peak_memory(device)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16(cfg.runtime.precision, device))

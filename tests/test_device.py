@@ -45,6 +45,9 @@ def test_compile_and_precision_policy():
     assert D.should_compile("auto", gpu, D.COMPILE_MIN_PARAMS) and not D.should_compile("auto", gpu, D.COMPILE_MIN_PARAMS - 1)
     assert not D.should_compile("auto", cpu, 10**9) and D.should_compile(True, cpu, 1)
     assert D.use_bf16("auto", gpu) and not D.use_bf16("auto", cpu) and D.use_bf16("bf16", cpu) and not D.use_bf16("fp32", gpu)
+    # fp32 means full fp32 on a GPU too (no TF32 matmuls): a GPU trial then differs from a CPU one only in sum order
+    assert D.use_tf32("auto", gpu) and D.use_tf32("bf16", gpu) and not D.use_tf32("fp32", gpu)
+    assert not D.use_tf32("auto", cpu)
 
 
 def test_cpu_run_row_records_peak_rss_and_no_mfu(monkeypatch):

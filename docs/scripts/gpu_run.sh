@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Issue 33's long CPU work on a GPU lent for 15 minutes (an H200 with 16 cores, torch but no Ray,
+# polars or pydantic, and another Python, so another stdlib): docs/scripts/one_gpu.py runs the
+# specs below as 14 processes sharing the GPU, full fp32, following each lr ladder (sweep next),
+# into stores under /tmp/r, and sends back what it wrote. In the repo root there:
+#
+#   bash docs/scripts/gpu_run.sh        # $OUT: run.log, cuda_tests.log, new.tar.xz.part-*
+#
+# .devcarry/ (git-ignored, carried): the polars runtime (tar.xz: its wheel is over the carry
+# limit), the wheels of polars, pydantic, pydantic_core, annotated_types, typing_inspection and
+# typing_extensions for CPython 3.12; this machine's stdlib corpus cache (train/val .npy.xz, meta,
+# fingerprint 29047cfb62f1a3d8: the bytes every CPU trial trained on); the prepared English corpus
+# (shakespeare.tar.xz, data/shakespeare_bytes); the scratch specs (specs/): gpucheck.yaml (six d128
+# trials the CPU ran, to set the devices side by side), families_d192.yaml and families_d128.yaml
+# (specs/families_ladders.yaml at one width each, the same trial ids).
+# Back here: cat new.tar.xz.part-* | xz -d | tar x -C ROOT, then docs/scripts/keep_store.py.
+# Local plumbing check (CPU, tiny windows): DEVICE=cpu SKIP_INSTALL=1 LAUNCH_FOR=20 STOP_AFTER=40 OUT=/tmp/o bash docs/scripts/gpu_run.sh
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+C=.devcarry; OUT=${OUT:-/tmp/out}; R=${RESULTS:-/tmp/r}; DEVICE=${DEVICE:-cuda}
+mkdir -p "$OUT" "$R"
+if [[ -z "${SKIP_INSTALL:-}" ]]; then
+  mkdir -p /tmp/site && tar xJf $C/prt.tar.xz -C /tmp/site || exit 3
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $C/*.whl || exit 3
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+export PYTHONUNBUFFERED=1
+mkdir -p /tmp/stdlib && xz -dc $C/train.npy.xz > /tmp/stdlib/train.npy && xz -dc $C/val.npy.xz > /tmp/stdlib/val.npy \
+  && cp $C/meta.json /tmp/stdlib/ && tar xJf $C/shakespeare.tar.xz || exit 3
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null; nproc
+python3 -c "import torch, polars, pydantic, pyarrow, numpy; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(),
+  'polars', polars.__version__, 'pydantic', pydantic.__version__, 'pyarrow', pyarrow.__version__, 'numpy', numpy.__version__)" || exit 3
+if [[ $DEVICE == cuda ]] && command -v nvidia-cuda-mps-control >/dev/null; then  # kernels of many processes at once
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog; mkdir -p /tmp/mps /tmp/mpslog
+  if nvidia-cuda-mps-control -d && timeout 60 python3 -c "import torch; print('mps check', torch.ones(2, device='cuda').sum().item())"; then
+    echo "MPS on"
+  else
+    echo quit | nvidia-cuda-mps-control; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; echo "MPS off"
+  fi
+fi
+[[ -d $R/families ]] || cp -r docs/stores/families $R/families   # the CPU's trials: reused, and the ladders read them
+touch /tmp/gpu_run.marker
+if [[ $DEVICE == cuda ]]; then
+  (timeout 240 python3 -m pytest -m cuda -q -o addopts="" -p no:cacheprovider tests/test_device.py tests/test_model.py \
+     > $OUT/cuda_tests.log 2>&1; echo "pytest exit $?" >> $OUT/cuda_tests.log) &
+fi
+python3 docs/scripts/one_gpu.py $C/specs/gpucheck.yaml $C/specs/families_d192.yaml specs/english.yaml specs/sharing.yaml \
+  $C/specs/families_d128.yaml --results $R --procs ${PROCS:-14} --device $DEVICE --follow \
+  --launch-for $((${LAUNCH_FOR:-370} - SECONDS)) --stop-after $((${STOP_AFTER:-490} - SECONDS)) --stdlib-corpus /tmp/stdlib \
+  2>&1 | tee $OUT/run.log
+nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader 2>/dev/null
+wait
+(cd $R && find . -type f -newer /tmp/gpu_run.marker ! -name '*.pt' ! -name 'run.lock' | tar cf - -T - | xz -T8 -3 \
+  | split -b 15M -a 1 - $OUT/new.tar.xz.part-)
+ls -la $OUT; echo "total ${SECONDS}s"
