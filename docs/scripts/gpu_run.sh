@@ -38,14 +38,16 @@ if [[ $DEVICE == cuda ]] && command -v nvidia-cuda-mps-control >/dev/null; then 
     echo quit | nvidia-cuda-mps-control; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; echo "MPS off"
   fi
 fi
-[[ -d $R/families ]] || cp -r docs/stores/families $R/families   # the CPU's trials: reused, and the ladders read them
+for kept in families attention; do  # the CPU's trials: reused, and the ladders read them
+  [[ -d $R/$kept ]] || cp -r docs/stores/$kept $R/$kept
+done
 touch /tmp/gpu_run.marker
 if [[ $DEVICE == cuda ]]; then
   (timeout 240 python3 -m pytest -m cuda -q -o addopts="" -p no:cacheprovider tests/test_device.py tests/test_model.py \
      > $OUT/cuda_tests.log 2>&1; echo "pytest exit $?" >> $OUT/cuda_tests.log) &
 fi
-python3 docs/scripts/one_gpu.py $C/specs/gpucheck.yaml $C/specs/families_d192.yaml specs/english.yaml specs/sharing.yaml \
-  $C/specs/families_d128.yaml --results $R --procs ${PROCS:-14} --device $DEVICE --follow \
+SPECS=${SPECS:-"$C/specs/gpucheck.yaml $C/specs/families_d192.yaml specs/english.yaml specs/sharing.yaml $C/specs/families_d128.yaml"}
+python3 docs/scripts/one_gpu.py $SPECS --results $R --procs ${PROCS:-14} --device $DEVICE --follow \
   --launch-for $((${LAUNCH_FOR:-370} - SECONDS)) --stop-after $((${STOP_AFTER:-490} - SECONDS)) --stdlib-corpus /tmp/stdlib \
   2>&1 | tee $OUT/run.log
 nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader 2>/dev/null
