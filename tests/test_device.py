@@ -149,5 +149,5 @@ def test_cuda_memory_fraction_caps_allocations():
             "total = torch.cuda.get_device_properties(0).total_memory\n"
             "try:\n    torch.empty(int(total * 0.3), dtype=torch.uint8, device=d); print('allocated')\n"
             "except torch.OutOfMemoryError:\n    print('refused')")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
-    assert out.strip() == "refused"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "refused", f"stdout {proc.stdout!r}, exit {proc.returncode}, stderr:\n{proc.stderr[-2000:]}"

@@ -1,6 +1,8 @@
 """Summary of a sharing sweep (issue 17, the paper's question 5): kurtosis of the normalised block
 inputs (attn_in, mlp_in) in each block's computation basis at the final step, by layer and by
-rotation plan (none; partial(k): k consecutive blocks share one basis; ends rotated or not), as a
+rotation plan (none; partial(k): k consecutive blocks share one basis; the embedding's write and
+the unembedding's read in bases of their own, in the group's basis (`ends: group`, where k = 6 is
+`shared`) or unrotated), as a
 mean over seeds with a 95% t-interval, against the exact null 3(d-1)/(d+1). The slope of the
 excess against k is fitted per seed, its interval a t over the seeds' slopes, with a lack-of-fit
 test of a line in k (``analysis.group_size``): "linear in k" is never read from it.
@@ -16,10 +18,15 @@ from resultstore.reader import load
 
 results = load(sys.argv[1])
 runs = results.runs.collect().filter(pl.col("status") == "done")
+# the arms: ends in bases of their own (k=K), in the group's basis (k=K, ends in group: the control,
+# k = 6 is `shared`), left in the residual basis (k=K, ends unrotated)
+label = pl.col("rotation_label").fill_null("")
+ends = (pl.when(label.str.ends_with("-groupends")).then(pl.lit(", ends in group"))
+        .when(~pl.col("rotate_embeddings").fill_null(True)).then(pl.lit(", ends unrotated")).otherwise(pl.lit("")))
 runs = runs.select("trial_id", "seed", "steps", "d_model", "final_val_loss",
                    plan=pl.when(pl.col("rotation") == "none").then(pl.lit("none"))
-                   .otherwise(pl.format("k={}{}", pl.col("group_size"),
-                                        pl.when(pl.col("rotate_embeddings")).then(pl.lit("")).otherwise(pl.lit(", ends unrotated")))))
+                   .otherwise(pl.format("k={}{}", pl.col("group_size"), ends)))
+ARMS = {"ends own basis": "", "ends in group": ", ends in group", "ends unrotated": ", ends unrotated"}
 m = results.metrics.collect().join(runs, on="trial_id")
 fin = m.filter(pl.col("step") == pl.col("steps"), pl.col("metric") == "kurtosis",
                pl.col("site").is_in(["attn_in", "mlp_in"]), pl.col("basis") == "computation")
@@ -36,7 +43,7 @@ def interval(values: list[float]) -> str:
 
 
 print(f"null 3(d-1)/(d+1) = {null:.3f} (d = {d}); final step; mean ± 95% t half-width over seeds (n per cell)")
-plans = sorted(fin["plan"].unique().to_list(), key=lambda p: (p != "none", "unrotated" in p, p))
+plans = sorted(fin["plan"].unique().to_list(), key=lambda p: (p != "none", "unrotated" in p, "group" in p, p))
 for site in ("attn_in", "mlp_in"):
     rows = []
     for plan in plans:
@@ -74,8 +81,11 @@ def welch(a: str, b: str) -> None:
 
 
 print("\ndifferences (Welch t, 95% interval)")
-for a, b in (("none", "k=6"), ("k=6", "k=3"), ("k=3", "k=1"), ("k=6", "k=1")):
+for a, b in (("none", "k=6, ends in group"), ("none", "k=6"), ("k=6", "k=3"), ("k=3", "k=1"), ("k=6", "k=1"),
+             ("k=6, ends in group", "k=1, ends in group")):
     welch(a, b)
+
+
 def slope_against_k(rows: pl.DataFrame, label: str):
     """Excess against k per seed (``analysis.group_size``): the mean of the seeds' slopes with a
     95% t-interval over seeds, and the lack-of-fit test of a line in k (seed-blocked F)."""
@@ -90,12 +100,14 @@ def slope_against_k(rows: pl.DataFrame, label: str):
 
 
 shared = per_trial.filter(pl.col("plan").str.starts_with("k="))
-rotated = slope_against_k(shared.filter(~pl.col("plan").str.contains("unrotated")), "ends rotated")
-unrotated = slope_against_k(shared.filter(pl.col("plan").str.contains("unrotated")), "ends unrotated")
-if rotated and unrotated:
-    d = compare_group_size_slopes(unrotated, rotated)
-    ci = "" if np.isnan(d.p_value) else f" [{d.difference_ci[0]:+.3f}, {d.difference_ci[1]:+.3f}]  (p = {d.p_value:.2g})"
-    print(f"  slope, ends rotated minus ends unrotated: {d.difference:+.3f}{ci}, {d.method}")
-print("\nends rotated minus ends unrotated, at each k (Welch t, 95% interval)")
-for plan in sorted(p for p in plans if p.startswith("k=") and "unrotated" not in p):
-    welch(plan, f"{plan}, ends unrotated")
+suffix = pl.col("plan").str.replace(r"^k=\d+", "")
+fits = {arm: slope_against_k(shared.filter(suffix == tag), arm) for arm, tag in ARMS.items()}
+for a, b in (("ends in group", "ends own basis"), ("ends own basis", "ends unrotated"), ("ends in group", "ends unrotated")):
+    if fits[a] and fits[b]:
+        d = compare_group_size_slopes(fits[b], fits[a])
+        ci = "" if np.isnan(d.p_value) else f" [{d.difference_ci[0]:+.3f}, {d.difference_ci[1]:+.3f}]  (p = {d.p_value:.2g})"
+        print(f"  slope, {a} minus {b}: {d.difference:+.3f}{ci}, {d.method}")
+print("\nthe arms against each other at each k (Welch t, 95% interval)")
+for k in sorted({int(p.split("=")[1].split(",")[0]) for p in plans if p.startswith("k=")}):
+    welch(f"k={k}, ends in group", f"k={k}")
+    welch(f"k={k}", f"k={k}, ends unrotated")
