@@ -10,10 +10,13 @@
 # limit), the wheels of polars, pydantic, pydantic_core, annotated_types, typing_inspection and
 # typing_extensions for CPython 3.12; this machine's stdlib corpus cache (train/val .npy.xz, meta,
 # fingerprint 29047cfb62f1a3d8: the bytes every CPU trial trained on); the prepared English corpus
-# (shakespeare.tar.xz, data/shakespeare_bytes); the scratch specs (specs/): gpucheck.yaml (six d128
-# trials the CPU ran, to set the devices side by side), families_d192.yaml and families_d128.yaml
-# (specs/families_ladders.yaml at one width each, the same trial ids).
+# (shakespeare.tar.xz, data/shakespeare_bytes). The specs beside this script (gpu_specs/):
+# gpucheck.yaml (six d128 trials the CPU ran, to set the devices side by side), families_d192.yaml
+# and families_d128.yaml (specs/families_ladders.yaml at one width each, the same trial ids).
 # Back here: cat new.tar.xz.part-* | xz -d | tar x -C ROOT, then docs/scripts/keep_store.py.
+# 2026-12-04 it ran three times on one H200 (device time 12.5 of 15 min): as written, then with
+# SPECS="docs/scripts/gpu_specs/families_d128.yaml specs/attention.yaml" LAUNCH_FOR=150 STOP_AFTER=225,
+# then the same with LAUNCH_FOR=95 STOP_AFTER=160 (the first runs had .devcarry/specs/, now gpu_specs/).
 # Local plumbing check (CPU, tiny windows): DEVICE=cpu SKIP_INSTALL=1 LAUNCH_FOR=20 STOP_AFTER=40 OUT=/tmp/o bash docs/scripts/gpu_run.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -46,7 +49,8 @@ if [[ $DEVICE == cuda ]]; then
   (timeout 240 python3 -m pytest -m cuda -q -o addopts="" -p no:cacheprovider tests/test_device.py tests/test_model.py \
      > $OUT/cuda_tests.log 2>&1; echo "pytest exit $?" >> $OUT/cuda_tests.log) &
 fi
-SPECS=${SPECS:-"$C/specs/gpucheck.yaml $C/specs/families_d192.yaml specs/english.yaml specs/sharing.yaml $C/specs/families_d128.yaml"}
+G=docs/scripts/gpu_specs
+SPECS=${SPECS:-"$G/gpucheck.yaml $G/families_d192.yaml specs/english.yaml specs/sharing.yaml $G/families_d128.yaml"}
 python3 docs/scripts/one_gpu.py $SPECS --results $R --procs ${PROCS:-14} --device $DEVICE --follow \
   --launch-for $((${LAUNCH_FOR:-370} - SECONDS)) --stop-after $((${STOP_AFTER:-490} - SECONDS)) --stdlib-corpus /tmp/stdlib \
   2>&1 | tee $OUT/run.log
