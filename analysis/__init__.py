@@ -45,6 +45,7 @@ from analysis.power_law import (
     PowerLawFit,
     between_seed_halfwidth,
     fit_power_law,
+    n_label,
     seed_exponents,
     t_critical,
 )
@@ -63,7 +64,9 @@ from analysis.queries import (
     sql,
     summarise,
 )
-from analysis.selection import best_lr, best_lr_results, group_size_table, line_labels, onset, quant_penalty, unrotated_table, versus
+from analysis.selection import (
+    best_lr, best_lr_results, group_size_table, line_labels, onset, quant_penalty, unrotated_table, untuned_choices, versus,
+)
 from resultstore.schema import (
     ARROW,
     CHECKS_SCHEMA,
@@ -128,6 +131,7 @@ __all__ = [
     "fit_each",
     "fit_groups",
     "fit_power_law",
+    "n_label",
     "fits_table",
     "group_size_table",
     "layer_profile",
@@ -150,6 +154,7 @@ __all__ = [
     "trial_label",
     "trial_labels",
     "unrotated_table",
+    "untuned_choices",
     "varying_axes",
     "versus",
     "with_ids",
