@@ -8,6 +8,10 @@ from typing import Any
 
 from resultstore.schema import Role, runs_columns
 
+ENDS = ("ends in bases of their own", "ends in the group's basis", "ends unrotated")
+"""Where a partial rotation's ends (the embedding's write, the unembedding's read) compute, as
+``analysis.selection.group_size_table`` names them, in the order a chart's panels take."""
+
 # label_rows and labels_for take sweep's Trial objects: they serve sweep's CLI, not analysis's public surface
 __all__ = ["BASIS_SERIES", "LABEL_AXES", "SITE_NAMES", "trial_label", "trial_labels", "varying_axes"]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from analysis.labels import ENDS
 from analysis.power_law import t_critical
 from analysis.load import Results, label_columns
 from analysis.query_base import (
@@ -182,14 +183,18 @@ def group_size_table(
     """The metric at the layer inputs in their computation basis (mean over blocks, over the
     exact null by default) against the number of consecutive blocks that share a basis: one
     row per config and site with the seed summary, ``group_size_x`` (``partial``: its group
-    size; ``shared``: n_layers), ``ends`` ("ends rotated" / "ends unrotated": the plan's
-    ``embeddings``, read from the ``-noemb`` label) and ``site_name``. Rotations without a
+    size; ``shared``: n_layers), ``ends`` (``ENDS``: where the embedding's write and the
+    unembedding's read compute, from the label: in bases of their own, in the group's basis
+    (``-groupends``, and ``shared``, which is k = n_layers with them) or unrotated (``-noemb``))
+    and ``site_name``. Rotations without a
     group size (``none``, ``independent``, ``groups``) are left out."""
     out = _by_site(results, metric, sites, over_null=over_null, confidence=confidence, runs=runs)
     label = pl.col("rotation_label").cast(pl.String)
     out = out.filter(pl.col("rotation").is_in(["partial", "shared"])).with_columns(
         group_size_x=pl.when(pl.col("rotation") == "shared").then(pl.col("n_layers")).otherwise(pl.col("group_size")),
-        ends=pl.when(label.str.ends_with("-noemb")).then(pl.lit("ends unrotated")).otherwise(pl.lit("ends rotated")),
+        ends=pl.when(label.str.ends_with("-noemb")).then(pl.lit(ENDS[2]))
+        .when(label.str.ends_with("-groupends") | (pl.col("rotation") == "shared")).then(pl.lit(ENDS[1]))
+        .otherwise(pl.lit(ENDS[0])),
     )
     order = [c for c in SORT if c in out.collect_schema().names()]
     return out.sort([*order, "site", "group_size_x"], nulls_last=True)

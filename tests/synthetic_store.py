@@ -191,7 +191,8 @@ def write_store(
 
     One trial per size x optimizer (x lr, see ``lrs``) x norm x rotation x seed.
     ``rotations`` entries are names, ``("partial", k)``, ``("partial", k, False)`` (embeddings
-    not rotated: label ``partial(k)-noemb``) or ``("groups", [[0, 1], [2, 3]])``. ``sharing``:
+    not rotated: label ``partial(k)-noemb``), ``("partial", k, "group")`` (the ends in the group's
+    basis: ``partial(k)-groupends``) or ``("groups", [[0, 1], [2, 3]])``. ``sharing``:
     the computation-basis excess of ``partial(k)`` grows with k (x k / L; x 1.5 with the ends
     unrotated), as the paper's question 5 would have it. ``attentions`` (one trial per attention
     too, after the norm) and ``sinks``: the attention axis and the sink rows (the module
@@ -225,20 +226,22 @@ def write_store(
         for s in seeds
     ):
         rot_name, gs, emb = (rot, None, True) if isinstance(rot, str) else (*rot, True)[:3]
+        ends_group, emb = emb == "group", emb if emb != "group" else True
         groups = gs if rot_name == "groups" else None
         gs = None if rot_name == "groups" else gs
         label = (
             f"partial({gs})" if gs is not None
             else "groups" + json.dumps(groups, separators=(",", ":")) if groups is not None
             else rot_name
-        ) + ("" if emb else "-noemb")  # fmt: skip
+        ) + ("-groupends" if ends_group else "" if emb else "-noemb")  # fmt: skip
         params, non_emb = _params(d, L, vocab, seq_len)
         tokens = 20 * non_emb
         config = {
             "model": {"d_model": d, "n_layers": L, "n_heads": max(1, d // 16), "d_mlp": 4 * d},
             "norm": norm,
             **({} if att == "softmax" else {"attention": {"name": att}}),
-            "rotation": {"mode": rot_name, "group_size": gs, "groups": groups, **({} if emb else {"embeddings": False})},
+            "rotation": {"mode": rot_name, "group_size": gs, "groups": groups, **({} if emb else {"embeddings": False}),
+                         **({"ends": "group"} if ends_group else {})},
             "optimizer": {"name": opt, "lr": lr},
             "data": {"corpus": "stdlib", "seq_len": seq_len},
             "train": {"tokens_per_param": 20, "batch_size": batch},

@@ -322,7 +322,8 @@ def test_scaling_chart_draws_one_null_point_per_size(built, store) -> None:  # n
 def test_group_size_chart_shows_each_config_and_site(tmp_path: Path) -> None:
     from synthetic_store import write_store
 
-    rots = ["none", ("partial", 1), ("partial", 2), ("partial", 4), ("partial", 1, False), ("partial", 4, False)]
+    rots = ["none", ("partial", 1), ("partial", 2), ("partial", 4), ("partial", 1, False), ("partial", 4, False),
+            ("partial", 4, "group")]
     s = write_store(tmp_path, name="sharing", sizes=(32, 64), n_layers=4, optimizers=("adam",), seeds=(0, 1),
                     rotations=rots, steps=(0, 10), sharing=True, quant=False)  # fmt: skip
     table = selection.group_size_table(load(s.path)).collect()
@@ -331,8 +332,9 @@ def test_group_size_chart_shows_each_config_and_site(tmp_path: Path) -> None:
     largest = table.filter(pl.col("d_model") == 64)
     want = {(r["group_size_x"], r["site_name"], r["ends"], round(r["mean"], 9)) for r in largest.iter_rows(named=True)}
     assert {(r["group_size_x"], r["site_name"], r["ends"], round(r["mean"], 9)) for r in rows} == want
-    assert len(want) == 2 * 5  # (k 1, 2, 4 rotated; 1, 4 unrotated) x (attention, MLP input)
+    assert len(want) == 2 * 6  # (k 1, 2, 4 own bases; 4 in the group's; 1, 4 unrotated) x (attention, MLP input)
     assert spec["facet"]["column"]["field"] == "ends"
+    assert spec["facet"]["column"]["sort"] == ["ends in bases of their own", "ends in the group's basis", "ends unrotated"]
     assert spec["spec"]["layer"][0]["encoding"]["x"]["axis"]["values"] == [1, 2, 4]
     assert "null 3(d−1)/(d+1)" in json.dumps(spec, ensure_ascii=False)
     _save_both(charts.kurtosis_vs_group_size(table), tmp_path / "sharing")
@@ -345,7 +347,8 @@ def test_group_size_chart_shows_each_config_and_site(tmp_path: Path) -> None:
     big = none.filter(pl.col("d_model") == 64)
     assert big.height == 2 and none.height == 4  # (attention, MLP input) x 2 sizes
     assert drawn == {(r["site_name"], ends, round(r["mean"], 9), round(r["ci_low"], 9))
-                     for r in big.iter_rows(named=True) for ends in ("ends rotated", "ends unrotated")}  # fmt: skip
+                     for r in big.iter_rows(named=True)
+                     for ends in ("ends in bases of their own", "ends in the group's basis", "ends unrotated")}  # fmt: skip
     plans = {(r["group_size_x"], r["site_name"], r["ends"], round(r["mean"], 9)) for r in _rows(spec) if r["kind"] == "plan"}
     assert plans == want
     marks = [(la["mark"]["type"], la["transform"][0].get("filter")) for la in spec["spec"]["layer"] if "transform" in la]

@@ -350,29 +350,31 @@ def test_over_null_reads_one_without_a_privileged_basis(store) -> None:  # noqa:
 
 
 def test_group_size_table_reads_group_sizes_and_ends(tmp_path) -> None:
-    """partial(k) -> k, shared -> n_layers, -noemb -> ends unrotated; none and independent
-    left out; values are the computation-basis kurtosis over the exact null per site."""
+    """partial(k) -> k, shared -> n_layers; the ends in bases of their own, in the group's basis
+    (-groupends, and shared) or unrotated (-noemb); none and independent left out; values are the
+    computation-basis kurtosis over the exact null per site."""
     from synthetic_store import write_store
 
     from analysis import selection
     from analysis.null import kurtosis_null
 
-    rots = ["none", "independent", "shared", ("partial", 1), ("partial", 2), ("partial", 2, False)]
+    rots = ["none", "independent", "shared", ("partial", 1), ("partial", 2), ("partial", 2, False), ("partial", 2, "group")]
     s = write_store(tmp_path, name="sharing", sizes=(64,), n_layers=4, optimizers=("adam",), seeds=(0, 1),
                     rotations=rots, steps=(0, 10), sharing=True, quant=False)  # fmt: skip
     r = load(s.path)
     t = selection.group_size_table(r).collect()
     got = {(row["rotation_label"], row["site"]): (row["group_size_x"], row["ends"]) for row in t.iter_rows(named=True)}
-    assert set(got) == {(lab, site) for lab in ("shared", "partial(1)", "partial(2)", "partial(2)-noemb")
-                        for site in ("attn_in", "mlp_in")}  # fmt: skip
-    assert got[("shared", "mlp_in")] == (4, "ends rotated")
-    assert got[("partial(2)", "attn_in")] == (2, "ends rotated")
+    assert set(got) == {(lab, site) for lab in ("shared", "partial(1)", "partial(2)", "partial(2)-noemb",
+                                                "partial(2)-groupends") for site in ("attn_in", "mlp_in")}  # fmt: skip
+    assert got[("shared", "mlp_in")] == (4, "ends in the group's basis")  # shared is k = n_layers with them
+    assert got[("partial(2)-groupends", "mlp_in")] == (2, "ends in the group's basis")
+    assert got[("partial(2)", "attn_in")] == (2, "ends in bases of their own")
     assert got[("partial(2)-noemb", "mlp_in")] == (2, "ends unrotated")
     raw = q.scale_table(r, "kurtosis", "mlp_in", "computation").collect()
     for row in t.filter(pl.col("site") == "mlp_in").iter_rows(named=True):
         want = raw.filter(pl.col("config_id") == row["config_id"]).get_column("mean")[0] / kurtosis_null(64)
         assert row["mean"] == pytest.approx(want, rel=1e-12) and row["n"] == 2
-    by_k = t.filter((pl.col("site") == "mlp_in") & (pl.col("ends") == "ends rotated")).sort("group_size_x")
+    by_k = t.filter((pl.col("site") == "mlp_in") & (pl.col("ends") == "ends in bases of their own")).sort("group_size_x")
     assert by_k.get_column("mean").is_sorted()  # the planted build-up with group size
 
     base = selection.unrotated_table(r).collect()  # the reference: rotation none, same sites and summary

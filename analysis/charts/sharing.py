@@ -10,6 +10,7 @@ import polars as pl
 from analysis.charts.frames import as_frame, pick_size, tooltip
 from analysis.charts.layers import figure_width, reference_label, seeds_phrase, reference_rule, titled
 from analysis.charts.style import COLOR_LEGEND, HEIGHT, PANEL_HEIGHT, PANEL_WIDTH, WIDTH, SizeChoice, optimizer_scale
+from analysis.labels import ENDS
 from analysis.null import NULL_LABEL
 
 __all__ = ["kurtosis_vs_group_size", "slopes"]
@@ -79,8 +80,10 @@ def kurtosis_vs_group_size(
     base = alt.layer(*layers, data=data).properties(
         width=PANEL_WIDTH + 40 if panels else WIDTH, height=PANEL_HEIGHT + 30 if panels else HEIGHT
     )
-    chart = base.facet(column=alt.Column("ends:N", title=None, sort=["ends rotated", "ends unrotated"])) if panels else base
-    panel_words = " Panels: the ends (embeddings, unembedding) in the shared basis or not." if panels else ""
+    chart = base.facet(column=alt.Column("ends:N", title=None, sort=list(ENDS))) if panels else base
+    panel_words = (" Panels: where the ends (the embedding's write, the unembedding's read) compute: in bases of "
+                   "their own, in their group's basis (k = all blocks is then the unrotated model in another "
+                   "basis), or unrotated." if panels else "")
     none_words = (" Dotted over a faint band: no rotation (its seed mean and interval)." if drawn_none
                   else " (No unrotated run of this model in the sweep.)")
     caption = caption or (

@@ -42,7 +42,8 @@ def add(ctx: Context) -> None:
         charts.kurtosis_vs_group_size(gt, baseline=none),
         "Kurtosis of the attention / MLP inputs in their computation basis over the exact null "
         "3(d−1)/(d+1) (mean over blocks) against the number of consecutive blocks that share one "
-        "basis (partial(k); shared = every block), ends rotated or not (embeddings: false); "
+        "basis (partial(k); shared = every block), one panel per place of the ends (in bases of their own, in "
+        "the group's basis, or unrotated); "
         f"largest model; {shown}; seed means with {confidence:.0%} t-intervals. Dotted over a "
         "faint band: the same model trained without rotation, where the sweep has it.",
     )
