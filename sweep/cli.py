@@ -63,7 +63,7 @@ def plan(
     statuses.update(health.trials)
     gpu = spec.resources.gpu > 0 or any(o.gpu > 0 for o in spec.resources.by_size) or spec.device.startswith("cuda")
     try:
-        est = estimate(trials, spec.resources.for_params, statuses, measured_flops_per_s(runs), gpu, device)
+        est = estimate(trials, spec.resources.for_params, statuses, measured_flops_per_s(runs, gpu), gpu, device)
     except ValueError as exc:
         raise bad_input(str(exc)) from None
     table = Table(title=f"{spec.name}: {len(trials)} trials", show_lines=False)

@@ -105,12 +105,17 @@ def table_rate(table: dict, device: str, params: int, threads: int = 1) -> Rate:
     raise AssertionError("unreachable")
 
 
-def measured_flops_per_s(runs) -> dict[int, float]:
+def measured_flops_per_s(runs, gpu: bool | None = None) -> dict[int, float]:
     """FLOP/s this sweep's finished runs sustained, per model size: {params: median of
-    flops_per_token x tokens_per_s over the done rows of a runs DataFrame}; empty before any finished."""
+    flops_per_token x tokens_per_s over the done rows of a runs DataFrame}; empty before any finished.
+    ``gpu``: only the rows run on that kind of device (the runs row's ``device``: "cpu (...)" or a
+    GPU's name), so a store with GPU and CPU trials does not time a CPU plan at GPU speed."""
     import polars as pl
 
     done = runs.filter(pl.col("status") == "done")
+    if gpu is not None and "device" in done.columns:
+        on_cpu = pl.col("device").fill_null("cpu").str.starts_with("cpu")
+        done = done.filter(~on_cpu if gpu else on_cpu)
     if not done.height:
         return {}
     rates = done.group_by("params").agg((pl.col("flops_per_token") * pl.col("tokens_per_s")).median().alias("rate"))

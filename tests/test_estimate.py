@@ -88,6 +88,12 @@ def test_measured_rate_is_the_median_over_done_runs_of_each_size():
                          "flops_per_token": [1e6, 2e6, 1e9, 1e6, 1e6], "tokens_per_s": [1e3, 1e3, 1e3, 3e3, 7e3]})
     assert measured_flops_per_s(runs) == {10: 2e9, 99: 7e9}  # median of 1e9, 2e9, 3e9; the failed run ignored
     assert measured_flops_per_s(runs.filter(pl.col("status") == "failed")) == {}
+    # a store with trials from a GPU and a CPU: a plan for one device reads only that device's runs
+    mixed = runs.with_columns(device=pl.Series(["cpu (AMD EPYC, 1 threads)", "NVIDIA H200", None, "NVIDIA H200",
+                                                "cpu (AMD EPYC, 1 threads)"]))
+    assert measured_flops_per_s(mixed, gpu=False) == {10: 1e9, 99: 7e9}
+    assert measured_flops_per_s(mixed, gpu=True) == {10: 2.5e9}  # median of 2e9 and 3e9
+    assert measured_flops_per_s(mixed) == {10: 2e9, 99: 7e9}  # no device asked: every row
 
 
 def test_a_size_no_run_finished_gets_the_table_s_shape_at_the_measured_level():
