@@ -18,12 +18,14 @@ them (the same trial ids: runtime is not hashed), so `keep_store.py` merges them
 - `--stdlib-corpus DIR`: a stdlib corpus cache folder (train.npy, val.npy, meta.json) written by
   another machine's Python: `corpus: stdlib` is the running Python's standard library, so a
   machine with another Python would train on other bytes. The runs rows record its fingerprint.
-One line per trial as it ends; a summary per spec at the end.
+Each store's run.lock is held throughout, as `sweep run` holds it (and incomplete trials a cut-off
+left are moved to quarantine/ first). One line per trial as it ends; a summary per spec at the end.
 """
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
 import json
 import multiprocessing as mp
 import sys
@@ -76,54 +78,9 @@ def _train(cfg_json: str, root: str, sweep: str, stdlib: str | None) -> tuple[st
     return cfg.trial_id, summary.status, summary.final_val_loss, time.perf_counter() - t0
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("specs", nargs="+")
-    ap.add_argument("--results", required=True)
-    ap.add_argument("--procs", type=int, default=14)
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--launch-for", type=float, default=400.0, help="seconds after which no trial starts")
-    ap.add_argument("--stop-after", type=float, default=540.0, help="seconds after which every process is ended")
-    ap.add_argument("--follow", action="store_true", help="run each ladder's next trials (sweep next) as well")
-    ap.add_argument("--stdlib-corpus", default=None)
-    args = ap.parse_args()
-    t_start = time.monotonic()
-    if args.stdlib_corpus:
-        _use_stdlib_cache(args.stdlib_corpus)  # the driver expands specs with the same corpus
-    from resultstore.writer import ResultsStore
-    from study.config import RuntimeConfig
-    from sweep.grid import expand
-    from sweep.ladder import plan_next
-    from sweep.spec import load_spec
-
-    runtime = RuntimeConfig(device=args.device, num_threads=1, compile=False, precision="fp32")
-    specs = []
-    for path in args.specs:
-        spec = load_spec(path)
-        trials = [t.model_copy(update={"runtime": runtime}) for t in expand(spec)]
-        store = ResultsStore(args.results, spec.name)
-        store.trial_dir("x").parent.mkdir(parents=True, exist_ok=True)
-        done = store.completed_ids() if store.exists() else set()
-        specs.append({"path": path, "spec": spec, "trials": trials, "store": store, "queue": [t for t in trials if t.trial_id not in done],
-                      "running": set(), "ended": [], "rounds": 1})
-        print(f"{path}: {len(trials)} trials, {len(specs[-1]['queue'])} to run -> {store.uri}", flush=True)
-
-    def plan_more(s: dict) -> None:
-        if not args.follow:
-            return
-        runs = s["store"].read("runs")
-        ladders = plan_next(s["trials"], runs, s["spec"].grid.seed, 3)
-        new = [t.model_copy(update={"runtime": runtime}) for lad in ladders for t in lad.new]
-        verdicts = {v: sum(lad.verdict == v for lad in ladders) for v in ("waiting", "extend", "seeds", "complete")}
-        print(f"  {s['path']} round {s['rounds']}: {verdicts}; {len(new)} trials next", flush=True)
-        if new:
-            s["trials"] = [*s["trials"], *new]
-            s["queue"] = new
-            s["rounds"] += 1
-
-    for s in specs:
-        if not s["queue"]:
-            plan_more(s)
+def _serve(specs: list[dict], args: argparse.Namespace, plan_more, t_start: float) -> None:
+    """Keep args.procs trials running, specs served in order, until nothing is left to launch or
+    the clock says stop; a spec whose round ends asks plan_more for its next trials."""
     ctx = mp.get_context("spawn")
     pool = cf.ProcessPoolExecutor(max_workers=args.procs, mp_context=ctx)
     futures: dict[cf.Future, tuple[dict, str]] = {}
@@ -160,6 +117,66 @@ def main() -> None:
         for p in list(getattr(pool, "_processes", {}).values()):
             p.kill()
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("specs", nargs="+")
+    ap.add_argument("--results", required=True)
+    ap.add_argument("--procs", type=int, default=14)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--launch-for", type=float, default=400.0, help="seconds after which no trial starts")
+    ap.add_argument("--stop-after", type=float, default=540.0, help="seconds after which every process is ended")
+    ap.add_argument("--follow", action="store_true", help="run each ladder's next trials (sweep next) as well")
+    ap.add_argument("--stdlib-corpus", default=None)
+    args = ap.parse_args()
+    t_start = time.monotonic()
+    if args.stdlib_corpus:
+        _use_stdlib_cache(args.stdlib_corpus)  # the driver expands specs with the same corpus
+    from resultstore.uri import StorageError
+    from resultstore.writer import ResultsStore
+    from study.config import RuntimeConfig
+    from sweep.grid import expand
+    from sweep.ladder import plan_next
+    from sweep.spec import load_spec
+
+    runtime = RuntimeConfig(device=args.device, num_threads=1, compile=False, precision="fp32")
+    specs = []
+    for path in args.specs:
+        spec = load_spec(path)
+        trials = [t.model_copy(update={"runtime": runtime}) for t in expand(spec)]
+        store = ResultsStore(args.results, spec.name)
+        done = store.completed_ids() if store.exists() else set()
+        specs.append({"path": path, "spec": spec, "trials": trials, "store": store, "queue": [t for t in trials if t.trial_id not in done],
+                      "running": set(), "ended": [], "rounds": 1})
+        print(f"{path}: {len(trials)} trials, {len(specs[-1]['queue'])} to run -> {store.uri}", flush=True)
+
+    def plan_more(s: dict) -> None:
+        if not args.follow:
+            return
+        runs = s["store"].read("runs")
+        ladders = plan_next(s["trials"], runs, s["spec"].grid.seed, 3)
+        new = [t.model_copy(update={"runtime": runtime}) for lad in ladders for t in lad.new]
+        verdicts = {v: sum(lad.verdict == v for lad in ladders) for v in ("waiting", "extend", "seeds", "complete")}
+        print(f"  {s['path']} round {s['rounds']}: {verdicts}; {len(new)} trials next", flush=True)
+        if new:
+            s["trials"] = [*s["trials"], *new]
+            s["queue"] = new
+            s["rounds"] += 1
+
+    with contextlib.ExitStack() as held:  # each store's run.lock, as `sweep run` holds it
+        for store in {str(s["store"].uri): s["store"] for s in specs}.values():
+            try:
+                notes = held.enter_context(store.writing("one_gpu.py"))
+            except StorageError as exc:  # another writer holds it: nothing started
+                print(f"{store.uri}: {exc}", file=sys.stderr)
+                sys.exit(2)
+            for note in notes:
+                print(f"warning: {note}", flush=True)
+        for s in specs:
+            if not s["queue"]:
+                plan_more(s)
+        _serve(specs, args, plan_more, t_start)
     for s in specs:
         statuses = [st for _, st in s["ended"]]
         print(f"{s['path']}: {len(statuses)} ended ({statuses.count('done')} done), {len(s['queue'])} never started, "
