@@ -6,6 +6,8 @@ Train's TorchTrainer: each worker runs study.train in the process group Ray Trai
 failed worker fails the fit; Tune retries the trial, which resumes from that checkpoint (kept in
 the trial's folder of the store, local or remote). Rank 0's evals reach Tune live through a Ray
 queue the driver drains, so the progress bar and the trackers see every eval as it happens.
+Ray is imported where it is used, so train_trial runs where Ray is not installed (a lent GPU
+machine: docs/scripts/one_gpu.py).
 """
 
 from __future__ import annotations
@@ -19,8 +21,6 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-
-from ray import tune
 
 from resultstore.writer import ResultsStore, StoreSink
 from study.config import TrialConfig
@@ -66,9 +66,13 @@ class TuneSink(_RaySink):
     """A StoreSink that also reports progress and checkpoints to Ray Tune."""
 
     def progress(self, info: dict) -> None:
+        from ray import tune
+
         tune.report({"trial_id": self.trial_id, **info, **self.layer_kurtosis})
 
     def checkpoint(self, step: int, directory: Path) -> None:
+        from ray import tune
+
         tune.report({"trial_id": self.trial_id, "step": step, "checkpoint_step": step},
                     checkpoint=tune.Checkpoint.from_directory(str(directory)))
 
@@ -160,6 +164,7 @@ def train_workers(cfg: TrialConfig, store: ResultsStore, want: dict, config: dic
     does (Tune's retry resumes from the stored checkpoint)."""
     import threading
 
+    from ray import tune
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.util.queue import Empty, Queue
@@ -213,6 +218,8 @@ def train_workers(cfg: TrialConfig, store: ResultsStore, want: dict, config: dic
 
 def run_trial(config: dict) -> None:
     """Ray Tune entry point. `config` = {"results": root, "point": {"trial": TrialConfig JSON, ...}}."""
+    from ray import tune
+
     cwd = config.get("cwd")
     if cwd and os.path.isdir(cwd):  # Tune starts a trial in its own folder; the spec's paths are the driver's
         os.chdir(cwd)

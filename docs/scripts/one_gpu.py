@@ -67,14 +67,11 @@ def _train(cfg_json: str, root: str, sweep: str, stdlib: str | None) -> tuple[st
         _use_stdlib_cache(stdlib)
     from resultstore.writer import ResultsStore, StoreSink
     from study.config import TrialConfig
-    from study.train import train
+    from sweep.trainable import train_trial  # as `sweep train`: a failed trial gets its failed row
 
     cfg = TrialConfig.model_validate_json(cfg_json)
     store = ResultsStore(root, sweep)
-    trial_dir = store.trial_dir(cfg.trial_id)
-    trial_dir.mkdir(parents=True, exist_ok=True)
-    (trial_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
-    summary = train(cfg, StoreSink(store, cfg.trial_id), checkpoint_dir=trial_dir)
+    summary = train_trial(cfg, store, StoreSink(store, cfg.trial_id))
     return cfg.trial_id, summary.status, summary.final_val_loss, time.perf_counter() - t0
 
 
