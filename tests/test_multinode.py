@@ -23,7 +23,7 @@ from sweep.trainable import train_trial
 pytestmark = pytest.mark.slow
 SPEC = """name: nodes
 data: {corpus: stdlib, seq_len: 16}
-train: {steps: STEPS, batch_size: 4, eval_every: 50, checkpoint_every: 50, eval_batch: {sequences: 2}}
+train: {steps: STEPS, batch_size: 4, eval_every: EVAL, checkpoint_every: 50, eval_batch: {sequences: 2}}
 grid:
   model: [{d_model: 16, n_layers: 2, n_heads: 2}]
   optimizer: [{name: adam, lr: 3.0e-3}, {name: sgd, lr: 0.1}]
@@ -47,9 +47,9 @@ def cluster():
         c.shutdown()
 
 
-def write_spec(tmp_path: Path, steps: int) -> Path:
+def write_spec(tmp_path: Path, steps: int, eval_every: int = 50) -> Path:
     spec = tmp_path / "nodes.yaml"
-    spec.write_text(SPEC.replace("STEPS", str(steps)))
+    spec.write_text(SPEC.replace("STEPS", str(steps)).replace("EVAL", str(eval_every)))
     return spec
 
 
@@ -117,11 +117,12 @@ def test_a_two_worker_trial_spans_both_nodes(tmp_path, cluster):
 
 
 def test_a_lost_node_s_trial_resumes_on_the_survivor_exactly_once(tmp_path, cluster):
-    """Last in the module: it removes the shared cluster's worker node. 300 steps: both trials
-    checkpoint at step 50 and the node goes at once, with 250 steps still to run (the test
-    fails if either trial finished first)."""
+    """Last in the module: it removes the shared cluster's worker node once both trials have
+    checkpointed (step 50). 1500 steps, because the two trials start seconds apart: with 300 the
+    first was at step 100-200 when the second checkpointed, and on a faster machine (CI) it
+    finished on the worker node before the node went. The test fails if either finished first."""
     c, worker = cluster
-    spec_path = write_spec(tmp_path, 300)
+    spec_path = write_spec(tmp_path, 1500, eval_every=500)
     results = tmp_path / "r"
     proc = driver(spec_path, c.address, results)
     spec = load_spec(spec_path)
