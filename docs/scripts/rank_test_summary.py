@@ -22,7 +22,7 @@ wide = wide.with_columns(stored_over_null=pl.col("stored.kurtosis") / null, rand
                          median_over_null=pl.col("random.kurtosis_median") / null, sd_over_null=pl.col("random.kurtosis_sd") / null)
 cols = [*arm, "seed", "layer", "stored_over_null", "random_over_null", "median_over_null", "sd_over_null",
         "random.kurtosis_rank_p", "stored.top1_share", "random.top1_share", "random.top1_share_rank_p"]
-with pl.Config(tbl_rows=100, tbl_cols=20, float_precision=3):
+with pl.Config(tbl_rows=-1, tbl_cols=20, float_precision=3):
     print(wide.select(cols).sort(*arm, "seed", "layer"))
     print(wide.group_by(*arm, "seed").agg(pl.col("stored_over_null").mean().alias("stored/null (blocks 1-4)"),
           pl.col("random_over_null").mean().alias("random/null"), pl.col("median_over_null").mean().alias("median/null"),
