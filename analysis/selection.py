@@ -31,9 +31,16 @@ def best_lr(
 
     - ``edge``: ``"low"`` / ``"high"`` when the best lr is the smallest / largest tried (the
       ladder is too short there); ``untuned``: a ladder of one lr.
-    - ``tie``: the runner-up lr (``runner_up_lr``) is not distinguishable: its seed mean is
-      within t * sqrt(sem_best² + sem_runner_up²) of the best's (t at ``confidence`` with the
-      smaller seed count - 1 dof), or equal when there is one seed.
+    - ``tie``: the runner-up lr (``runner_up_lr``) is not distinguishable. Seeds are paired across
+      lrs (one seed: the same init and data order), so where the two share 2+ seeds the test is
+      paired: the runner-up's mean excess over the best on those seeds is within t * its sem (t at
+      ``confidence``, shared - 1 dof). Otherwise unpaired: within t * sqrt(sem_best² +
+      sem_runner_up²) (the smaller seed count - 1 dof), or equal when either has one seed; and
+      always when the runner-up ends lower on the one seed the two share (a best chosen by a
+      mean over other seeds than its rival's).
+      ``runner_up_margin``: the runner-up minus the best on the seeds they share
+      (``shared_seeds`` of them; a ladder's neighbours often share seed 0 alone, and a small
+      margin there is a choice resting on one seed).
     - An lr at which any seed diverged is not chosen while another lr had none diverge
       (``diverged`` counts the chosen lr's diverged seeds; then the flag says so).
     ``flag`` summarises them in words ("" when the choice is clean)."""
@@ -52,6 +59,7 @@ def best_lr(
             lrs=pl.lit(None, pl.List(pl.Float64)), n_lrs=pl.lit(None, pl.Int64),
             edge=pl.lit(None, pl.String), untuned=pl.lit(None, pl.Boolean),
             tie=pl.lit(None, pl.Boolean), runner_up_lr=pl.lit(None, pl.Float64),
+            runner_up_margin=pl.lit(None, pl.Float64), shared_seeds=pl.lit(None, pl.Int64),
             flag=pl.lit(None, pl.String),
         )  # fmt: skip
     clean = pl.col("diverged") == 0
@@ -59,19 +67,28 @@ def best_lr(
     ranked = eligible.with_columns(rank=pl.int_range(pl.len()).over("tuning_id"))
     best = ranked.filter(pl.col("rank") == 0).drop("rank")
     second = ranked.filter(pl.col("rank") == 1).select(
-        "tuning_id", runner_up_lr="lr", _m2="mean", _s2="sem", _n2="n"
+        "tuning_id", runner_up_lr="lr", _m2="mean", _s2="sem", _n2="n", _c2="config_id"
     )
     best = best.join(ladders, on="tuning_id", how="left").join(second, on="tuning_id", how="left")
+    by_seed = done.select("config_id", "seed", column).collect()
     rows = []
     for r in best.iter_rows(named=True):
         ladder = sorted(r["lrs"] or [r["lr"]])
         untuned = len(ladder) == 1
         edge = None if untuned else "low" if r["lr"] == ladder[0] else "high" if r["lr"] == ladder[-1] else None
-        tie = False
+        tie, margin, shared = False, None, 0
         if r["runner_up_lr"] is not None:
+            pairs = _paired(by_seed, r["config_id"], r["_c2"], column)
+            shared = len(pairs)
+            margin = sum(pairs) / shared if shared else None
             diff = r["_m2"] - r["mean"]
             s1, s2 = r["sem"], r["_s2"]
-            if s1 is None or s2 is None or not (s1 == s1 and s2 == s2):
+            if shared >= 2:
+                sd = (sum((d - margin) ** 2 for d in pairs) / (shared - 1)) ** 0.5
+                tie = margin <= t_critical(float(shared - 1), confidence) * sd / shared**0.5
+            elif shared and margin < 0:  # lower mean, but worse on the one seed both have
+                tie = True
+            elif s1 is None or s2 is None or not (s1 == s1 and s2 == s2):
                 tie = diff == 0
             else:
                 t = t_critical(float(min(r["n"], r["_n2"]) - 1), confidence)
@@ -85,14 +102,23 @@ def best_lr(
             words.append(f"tie with lr={r['runner_up_lr']:g}")
         if r["diverged"]:
             words.append(f"{r['diverged']} seed(s) diverged at every lr; mean over the rest")
-        rows.append({"tuning_id": r["tuning_id"], "n_lrs": len(ladder), "edge": edge,
-                     "untuned": untuned, "tie": tie, "flag": "; ".join(words)})  # fmt: skip
+        rows.append({"tuning_id": r["tuning_id"], "n_lrs": len(ladder), "edge": edge, "untuned": untuned,
+                     "tie": tie, "runner_up_margin": margin, "shared_seeds": shared, "flag": "; ".join(words)})  # fmt: skip
     flags = pl.DataFrame(rows, schema={"tuning_id": pl.String, "n_lrs": pl.Int64, "edge": pl.String,
-                                       "untuned": pl.Boolean, "tie": pl.Boolean, "flag": pl.String})  # fmt: skip
-    out = best.drop("_m2", "_s2", "_n2").join(flags, on="tuning_id", how="left")
+                                       "untuned": pl.Boolean, "tie": pl.Boolean, "runner_up_margin": pl.Float64,
+                                       "shared_seeds": pl.Int64, "flag": pl.String})  # fmt: skip
+    out = best.drop("_m2", "_s2", "_n2", "_c2").join(flags, on="tuning_id", how="left")
     order = [c for c in SORT if c in out.columns]
     return out.sort([*order, "tuning_id"], nulls_last=True)
 
+
+
+def _paired(by_seed: pl.DataFrame, best: str, runner_up: str, column: str) -> list[float]:
+    """The runner-up config's ``column`` minus the best config's, seed by seed, on their shared seeds."""
+    a = by_seed.filter(pl.col("config_id") == best).select("seed", _b=column)
+    b = by_seed.filter(pl.col("config_id") == runner_up).select("seed", _r=column)
+    joined = a.join(b, on="seed").sort("seed")
+    return (joined.get_column("_r") - joined.get_column("_b")).to_list()
 
 def best_lr_results(results: Results, best: pl.DataFrame | None = None) -> Results:
     """``results`` whose runs hold only the best-lr configs (``best_lr``), every status:

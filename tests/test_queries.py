@@ -7,12 +7,14 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from scipy import stats
 from analysis_fixtures import store, twins  # noqa: F401  (fixtures)
 
 from analysis import queries as q
 from analysis import selection as sel
 from analysis.power_law import t_critical
 from analysis.load import METRICS_SCHEMA, RUNS_SCHEMA, load
+from analysis.query_base import prepare_runs
 
 T1 = 12.706204736  # t(0.975, 1 dof)
 
@@ -264,7 +266,16 @@ def test_best_lr_picks_the_lowest_seed_mean_loss_and_flags_edges(ladder) -> None
     assert best.height == 4  # 2 optimisers x 2 sizes
     adam = best.filter(pl.col("optimizer") == "adam")
     assert adam.get_column("lr").to_list() == [3e-3, 3e-3]
-    assert adam.get_column("edge").to_list() == [None, None] and not adam.get_column("tie").any()
+    assert adam.get_column("edge").to_list() == [None, None]
+    runs = prepare_runs(r.runs).collect()
+    for row in adam.iter_rows(named=True):  # a tie is a paired t-test on the 3 seeds both have
+        def losses(lr: float) -> list[float]:
+            at = runs.filter(pl.col("tuning_id") == row["tuning_id"], pl.col("lr") == lr).sort("seed")
+            return at.get_column("final_val_loss").to_list()
+
+        runner_up, best_lr = losses(row["runner_up_lr"]), losses(row["lr"])
+        assert row["shared_seeds"] == 3
+        assert row["tie"] == (stats.ttest_rel(runner_up, best_lr).pvalue >= 0.05), row
     assert adam.get_column("n_lrs").to_list() == [3, 3]
     sgd = best.filter(pl.col("optimizer") == "sgd")
     assert sgd.get_column("lr").to_list() == [0.3, 0.3]
@@ -278,6 +289,38 @@ def test_best_lr_picks_the_lowest_seed_mean_loss_and_flags_edges(ladder) -> None
     # the best-lr view holds only those configs
     main = sel.best_lr_results(r, best)
     assert set(q.scale_table(main, "kurtosis").collect().get_column("config_id")) == set(best.get_column("config_id"))
+
+
+def test_best_lr_tests_a_tie_paired_on_the_seeds_the_lrs_share(tmp_path: Path) -> None:
+    """Seeds are paired across lrs (same init and data order): a runner-up 0.02 worse on every
+    seed is decided even where seeds differ by 0.5, and a runner-up that swaps sign by seed is a
+    tie; with one shared seed the margin is that seed's, the rule unpaired."""
+    from synthetic_store import write_store
+
+    store = write_store(tmp_path, name="pairs", sizes=(32,), seeds=(0, 1, 2), steps=(0, 10), optimizers=("adam",),
+                        lrs={"adam": [1e-3, 3e-3, 1e-2]})  # fmt: skip
+    runs = load(store.path).runs.collect()
+
+    def with_losses(offsets: dict[float, list[float]]) -> pl.DataFrame:
+        base = {0: 1.0, 1: 1.5, 2: 2.0}  # a seed spread that dwarfs the lr effect
+        loss = [base[s] + offsets[lr][s] for lr, s in zip(runs["lr"], runs["seed"])]
+        return runs.with_columns(final_val_loss=pl.Series(loss))
+
+    steady = sel.best_lr(with_losses({3e-3: [0, 0, 0], 1e-3: [0.020, 0.021, 0.019], 1e-2: [0.5] * 3})).row(0, named=True)
+    assert steady["lr"] == 3e-3 and steady["runner_up_lr"] == 1e-3
+    assert steady["shared_seeds"] == 3 and steady["runner_up_margin"] == pytest.approx(0.02)
+    assert not steady["tie"]  # unpaired (sem 0.29 a side) it would be one
+    swapping = sel.best_lr(with_losses({3e-3: [0, 0, 0], 1e-3: [0.10, -0.08, 0.01], 1e-2: [0.5] * 3})).row(0, named=True)
+    assert swapping["lr"] == 3e-3 and swapping["tie"] and swapping["runner_up_margin"] == pytest.approx(0.01)
+    one_seed = with_losses({3e-3: [0, 0, 0], 1e-3: [0.005, 0, 0], 1e-2: [0.5] * 3})
+    one_seed = one_seed.filter((pl.col("lr") != 1e-3) | (pl.col("seed") == 0))
+    b = sel.best_lr(one_seed).row(0, named=True)  # 1e-3's one seed (1.005) is below 3e-3's 3-seed mean (1.5)
+    assert b["lr"] == 1e-3 and b["runner_up_lr"] == 3e-3 and b["shared_seeds"] == 1
+    assert b["runner_up_margin"] == pytest.approx(-0.005) and b["tie"]  # on seed 0, 3e-3 is lower: flagged
+    one_seed = one_seed.with_columns(final_val_loss=pl.when(pl.col("lr") == 1e-3).then(0.9)
+                                     .otherwise(pl.col("final_val_loss")))
+    b = sel.best_lr(one_seed).row(0, named=True)
+    assert b["lr"] == 1e-3 and b["runner_up_margin"] == pytest.approx(0.1) and not b["tie"]
 
 
 def test_best_lr_flags_untuned_ties_and_skips_diverged_lrs(tmp_path: Path) -> None:

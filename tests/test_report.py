@@ -357,6 +357,8 @@ def test_main_charts_show_best_lr_points_and_say_so(tmp_path: Path) -> None:
     assert "not tuned" not in raw.filter(pl.col("optimizer") == "adam").get_column("config").item()
     index = (tmp_path / "rep" / "index.html").read_text()
     assert "Best learning rates" in index and "edge: largest lr tried" in index
+    assert "Runner-up (+loss, shared seeds)" in index and "2 seeds)" in index  # 2 seeds at every lr here
+    assert {"runner_up_margin", "shared_seeds"} <= set(best.columns) and set(best["shared_seeds"]) == {2}
     flagged = [n for n in rep.notes if "best-lr choices are flagged" in n]  # each bound named where it is read
     assert len(flagged) == 1 and flagged[0].startswith("3 of 4 "), rep.notes  # sgd at both sizes, one adam tie
     assert len(re.findall(r"sgd at [\d.]+k? \(edge: largest lr tried[^)]*, lr 0\.3\)", flagged[0])) == 2, flagged

@@ -243,10 +243,21 @@ def best_lr_table(best: pl.DataFrame, x: str) -> Table:
          format_count(r.get(x)), f"{r['lr']:g}",
          " ".join(f"{v:g}" for v in (r.get("lrs") or [])),
          f"{r['mean']:.4g}" + (f" [{r['ci_low']:.4g}, {r['ci_high']:.4g}]" if r.get("ci_low") is not None else ""),
-         str(r["n"]), r.get("flag") or ""]  # fmt: skip
+         str(r["n"]), _runner_up(r), r.get("flag") or ""]  # fmt: skip
         for r in best.iter_rows(named=True)
     ]
-    return Table(["Optimizer", "Norm", "Rotation", x, "Best lr", "Ladder", "Val loss [CI]", "Seeds", "Flag"], rows)
+    return Table(["Optimizer", "Norm", "Rotation", x, "Best lr", "Ladder", "Val loss [CI]", "Seeds",
+                  "Runner-up (+loss, shared seeds)", "Flag"], rows)
+
+
+def _runner_up(r: dict) -> str:
+    """The runner-up lr and how much worse it ends on the seeds it shares with the best."""
+    if r.get("runner_up_lr") is None:
+        return ""
+    if r.get("runner_up_margin") is None:
+        return f"{r['runner_up_lr']:g} (no shared seed)"
+    k = r.get("shared_seeds") or 0
+    return f"{r['runner_up_lr']:g} ({r['runner_up_margin']:+.3f}, {k} seed{'s' * (k != 1)})"
 
 
 def checks_table(summary: pl.DataFrame) -> Table:
@@ -425,9 +436,11 @@ def index_html(content: ReportContent, svgs: dict[str, str], formats: Sequence[s
     if c.best_lr.height:
         body.append(
             "<h2>Best learning rates</h2><p>Per optimiser, size, norm and rotation (the config "
-            "without its lr), the lr with the lowest seed-mean final val loss; flags: an optimum "
-            "at the edge of the ladder (extend it), a tie with the runner-up, a single lr "
-            "(untuned). Also in <a href='best_lr.csv'>best_lr.csv</a>.</p>"
+            "without its lr), the lr with the lowest seed-mean final val loss; the runner-up lr and "
+            "how much worse it ends on the seeds the two share (seeds are paired across lrs: the same "
+            "init and data order; one shared seed is a choice resting on that seed); flags: an optimum "
+            "at the edge of the ladder (extend it), a tie with the runner-up (paired where they share "
+            "2+ seeds), a single lr (untuned). Also in <a href='best_lr.csv'>best_lr.csv</a>.</p>"
         )
         body.append(best_lr_table(c.best_lr, x).html())
     body.append("<h2>Invariance checks</h2>")

@@ -64,7 +64,8 @@ class ReportContent:
 
 _BEST_COLUMNS = (
     "optimizer", "norm", "rotation_label", "d_model", "n_layers", "params_non_embedding", "lr",
-    "mean", "ci_low", "ci_high", "n", "lrs", "n_lrs", "edge", "tie", "runner_up_lr", "diverged",
+    "mean", "ci_low", "ci_high", "n", "lrs", "n_lrs", "edge", "tie", "runner_up_lr", "runner_up_margin",
+    "shared_seeds", "diverged",
     "flag", "config_id", "tuning_id",
 )  # fmt: skip
 
