@@ -168,6 +168,14 @@ def _judge(t0: TrialConfig, label: str, losses: dict[float, float | None], row: 
         return Ladder(t0, label, losses, "extend", f"best at the {side} lr tried: one beyond, {lr:g}{tie}", best,
                       tuple(_with_lr(t0, lr, s) for s in spec_seeds))
     missing = [s for s in wanted if status.get(_with_lr(t0, best, s).trial_id) not in FINISHED]
+    rival = row["runner_up_lr"] if row.get("tie") else None
+    rival_missing = [s for s in wanted if rival is not None
+                     and status.get(_with_lr(t0, rival, s).trial_id) not in FINISHED]
+    if not missing and rival_missing:  # a tie the best's seeds cannot settle alone: seed its rival too
+        return Ladder(t0, label, losses, "seeds",
+                      f"best inside the ladder, a tie with {rival:g}: seed{'s' * (len(rival_missing) > 1)} "
+                      f"{', '.join(map(str, rival_missing))} at {rival:g} to pair them", best,
+                      tuple(_with_lr(t0, rival, s) for s in rival_missing))
     if not missing:
         return Ladder(t0, label, losses, "complete", f"best inside the ladder, {len(wanted)} seeds there{tie}", best)
     return Ladder(t0, label, losses, "seeds",

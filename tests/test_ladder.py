@@ -97,6 +97,23 @@ def test_a_lr_from_another_spec_joins_the_ladder_and_finished_seeds_are_not_aske
     assert _by(plan_next(trials, done, spec.grid.seed, 3))[(32, "adam")].verdict == "complete"
 
 
+def test_a_tie_with_a_runner_up_of_fewer_seeds_seeds_the_runner_up():
+    """Seeds 1-2 at the best pull its mean to 1.67 while 1e-2 keeps seed 0's 1.75, lower than the
+    best's seed 0 (1.8): a tie the best's seeds cannot settle, so the runner-up gets seeds 1-2;
+    once both have them the ladder is complete (a tie or not, both are measured)."""
+    spec, trials = _spec()
+    adam = [t for t in trials if t.model.d_model == 32 and t.optimizer.name == "adam"]
+    at = {t.optimizer.lr: t for t in adam}
+    seeds = [_row(at[3e-3].model_copy(update={"seed": s}), 1.6) for s in (1, 2)]
+    runs = _runs(trials, losses={**LOSSES, (32, "adam", 1e-2): 1.75}, extra=seeds)
+    ladder = _by(plan_next(trials, runs, spec.grid.seed, 3))[(32, "adam")]
+    assert ladder.verdict == "seeds" and ladder.best == 3e-3 and "a tie with 0.01" in ladder.why
+    assert sorted((n.optimizer.lr, n.seed) for n in ladder.new) == [(1e-2, 1), (1e-2, 2)]
+    rival = [_row(at[1e-2].model_copy(update={"seed": s}), 1.7) for s in (1, 2)]
+    runs = _runs(trials, losses={**LOSSES, (32, "adam", 1e-2): 1.75}, extra=seeds + rival)
+    assert _by(plan_next(trials, runs, spec.grid.seed, 3))[(32, "adam")].verdict == "complete"
+
+
 def test_a_one_lr_ladder_steps_out_both_sides():
     spec, trials = _spec(SPEC.replace("lr: [1.0e-3, 3.0e-3, 1.0e-2]}\n    - {name: lion", "lr: 3.0e-3}\n    - {name: lion"))
     ladders = _by(plan_next(trials, _runs(trials), spec.grid.seed, 3))
