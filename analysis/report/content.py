@@ -159,7 +159,8 @@ def _best_lr(ctx: Context) -> None:
                  for r in flagged.sort("optimizer", size).iter_rows(named=True)]
         c.notes.append(
             f"{flagged.height} of {c.best_lr.height} best-lr choices are flagged (an optimum at the edge of the lr "
-            f"ladder, a tie, or one lr beside other configs' ladders), and every chart, fit and contrast through "
-            f"them reads a bound or an untuned point, not an optimum (fit labels name them): "
-            f"{'; '.join(which)}. `sweep next` writes the trials that settle them."
+            f"ladder, a tie, or one lr beside other configs' ladders). Every chart, fit and contrast through an "
+            f"edge or a single lr reads a bound or an untuned point, not an optimum (fit labels name them), and "
+            f"through a tie one of two lrs the losses do not tell apart: {'; '.join(which)}. `sweep next` writes "
+            f"the trials that settle edges, single lrs and ties whose runner-up has fewer seeds than the best."
         )
