@@ -32,7 +32,7 @@ def best_lr(
     - ``edge``: ``"low"`` / ``"high"`` when the best lr is the smallest / largest tried (the
       ladder is too short there); ``untuned``: a ladder of one lr.
     - ``tie``: the runner-up lr (``runner_up_lr``) is not distinguishable. Seeds are paired across
-      lrs (one seed: the same init and data order), so where the two share 2+ seeds the test is
+      lrs (a seed fixes the init and the data order), so where the two share 2+ seeds the test is
       paired: the runner-up's mean excess over the best on those seeds is within t * its sem (t at
       ``confidence``, shared - 1 dof). Otherwise unpaired: within t * sqrt(sem_best² +
       sem_runner_up²) (the smaller seed count - 1 dof), or equal when either has one seed; and
@@ -112,13 +112,13 @@ def best_lr(
     return out.sort([*order, "tuning_id"], nulls_last=True)
 
 
-
 def _paired(by_seed: pl.DataFrame, best: str, runner_up: str, column: str) -> list[float]:
     """The runner-up config's ``column`` minus the best config's, seed by seed, on their shared seeds."""
     a = by_seed.filter(pl.col("config_id") == best).select("seed", _b=column)
     b = by_seed.filter(pl.col("config_id") == runner_up).select("seed", _r=column)
     joined = a.join(b, on="seed").sort("seed")
     return (joined.get_column("_r") - joined.get_column("_b")).to_list()
+
 
 def best_lr_results(results: Results, best: pl.DataFrame | None = None) -> Results:
     """``results`` whose runs hold only the best-lr configs (``best_lr``), every status:
