@@ -11,8 +11,9 @@ Here each level is read at the fitted loss-optimal lr of its ladder:
   stream, stored basis, mean over blocks, final step: what the report's fits read);
 - i = the lr with the lowest mean loss; the parabola through (x, loss) at i-1, i, i+1 (exactly
   three points: the best and its two neighbours) gives x* = its vertex. A best at the ladder's
-  end has no optimum: flagged ``edge``, never extrapolated; a parabola that does not open upward
-  (a = 0: a flat triple): ``concave``; a ladder of fewer than 3 lrs: ``few lrs``;
+  end has no optimum: flagged ``edge``, never extrapolated; a parabola that does not open upward:
+  ``concave`` (through the first-lowest point and its neighbours it always opens upward, so only
+  a NaN loss gets there); a ladder of fewer than 3 lrs: ``few lrs``;
 - the measure at x* from the least-squares line of (x, mean log measure) over the same three
   points (a local linear fit: exact where log measure is linear in log lr, and smoother than the
   interpolating quadratic, which would follow each point's seed noise);
