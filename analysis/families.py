@@ -11,7 +11,10 @@ seed mean: a seed effect shared by every line cancels from every contrast). A fa
 the mean of its lines' mu; family b minus family a gets a Welch-Satterthwaite t-interval whose
 variance is each family's between-optimiser variance / its optimiser count. A family with one
 optimiser has no between-optimiser variance and cannot carry a family claim: the difference is
-reported without an interval, and ``method`` says why.
+reported without an interval, and ``method`` says why. Beside the Welch interval, ``p_exact``: the
+exact one-sided permutation p over the optimisers (``permutation_p``), which needs no normality of
+four optimiser means; ``sign_flip_p`` and ``paired_interval`` test a paired contrast over seeds
+(an optimiser minus its rotated twin).
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ import numpy as np
 
 from analysis.power_law import PowerLawFit
 
-__all__ = ["FamilyComparison", "SeedValues", "compare_families", "compare_family_values", "seed_adjusted_means"]
+__all__ = [
+    "FamilyComparison", "SeedValues", "compare_families", "compare_family_values", "paired_interval", "permutation_p",
+    "seed_adjusted_means", "sign_flip_p",
+]  # fmt: skip
 
 SeedValues = Mapping[Hashable, float] | Sequence[float] | np.ndarray
 """One line's values by seed (``{seed: value}``); a bare array is unlabelled (never paired)."""
@@ -52,6 +58,9 @@ class FamilyComparison:
     """Each line's seed-adjusted mean mu, family a then family b."""
     n_paired_seeds: int = 0
     """Seeds shared by two or more lines (the pairing); 0 when nothing paired."""
+    p_exact: float = math.nan
+    """Exact one-sided permutation p of b > a over the line means (``permutation_p``: every split
+    of the optimisers into the two families' sizes; 1/70 at best for 4 vs 4)."""
 
 
 def seed_adjusted_means(lines: Sequence[SeedValues]) -> tuple[np.ndarray, int]:
@@ -108,7 +117,7 @@ def compare_family_values(
     difference = float(mu_b.mean() - mu_a.mean())
     pairing = f"seeds paired ({n_paired} shared)" if n_paired else "seeds unpaired (none shared)"
     common = dict(n_optimizers=(len(a), len(b)), line_means=(tuple(map(float, mu_a)), tuple(map(float, mu_b))),
-                  n_paired_seeds=n_paired)  # fmt: skip
+                  n_paired_seeds=n_paired, p_exact=permutation_p(mu_a, mu_b))  # fmt: skip
     nan2 = (math.nan, math.nan)
     single = [f"{name} has 1 optimiser" for name, m in zip(labels, (mu_a, mu_b), strict=True) if m.size < 2]
     if single:
@@ -161,3 +170,49 @@ def _cells(values: SeedValues) -> dict[Hashable, float]:
 
 
 _UNPAIRED = itertools.count()
+
+
+# ---------------------------------------------------------------- exact tests, the optimiser (or seed) as the unit
+
+
+def permutation_p(a: Sequence[float], b: Sequence[float]) -> float:
+    """Exact one-sided p of mean(b) - mean(a) > 0 with the values (one per optimiser) as the units:
+    over all C(n_a + n_b, n_b) ways to call n_b of the pooled values "b", the share whose
+    difference of means is >= the observed one (the observed split included), so 1 / C(n_a + n_b,
+    n_b) at best: 1/70 for 4 vs 4. NaN where a side is empty."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.size == 0 or b.size == 0:
+        return math.nan
+    pooled = np.concatenate([a, b])
+    total = pooled.sum()
+    observed = b.mean() - a.mean()
+    splits = np.array(list(itertools.combinations(range(pooled.size), b.size)))
+    sum_b = pooled[splits].sum(axis=1)
+    diffs = sum_b / b.size - (total - sum_b) / a.size
+    return float(np.mean(diffs >= observed - 1e-12 * max(1.0, abs(observed))))
+
+
+def sign_flip_p(differences: Sequence[float]) -> float:
+    """Exact two-sided p of paired differences (one per seed) under the null that each is
+    symmetric about 0: over all 2^n sign flips, the share whose |mean| is >= the observed |mean|
+    (the observed and its mirror included), so 2 / 2^n at best. NaN with no differences."""
+    d = np.asarray(differences, dtype=float)
+    if d.size == 0:
+        return math.nan
+    signs = np.array(list(itertools.product((1.0, -1.0), repeat=d.size)))
+    means = np.abs(signs @ d) / d.size
+    observed = abs(d.mean())
+    return float(np.mean(means >= observed - 1e-12 * max(1.0, observed)))
+
+
+def paired_interval(differences: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """(mean, low, high): the t-interval of the mean paired difference over seeds, n - 1 dof
+    (NaN bounds with one seed)."""
+    from scipy import stats
+
+    d = np.asarray(differences, dtype=float)
+    mean = float(d.mean()) if d.size else math.nan
+    if d.size < 2:
+        return mean, math.nan, math.nan
+    half = float(stats.t.ppf((1 + confidence) / 2, d.size - 1)) * float(d.std(ddof=1)) / math.sqrt(d.size)
+    return mean, mean - half, mean + half

@@ -172,3 +172,58 @@ def test_families_of_fitted_lines_pair_their_seed_exponents() -> None:
     want = compare_family_values(values[:2], values[2:])
     assert c.difference == pytest.approx(want.difference, rel=1e-12) and c.p_value == pytest.approx(want.p_value)
     assert c.n_optimizers == (2, 3) and reexported is compare_family_values
+
+
+# ---------------------------------------------------------------- exact tests (issue 45, item 4)
+
+
+def test_permutation_p_is_exactly_one_in_seventy_when_all_four_exceed_all_four() -> None:
+    """4 per-coordinate optimisers each above all 4 basis-free ones: of the C(8,4) = 70 splits only the
+    observed one reaches its difference; reversed, every split does (p = 1)."""
+    from analysis.families import permutation_p
+
+    high, low = [0.5, 0.9, 0.6, 1.2], [0.01, -0.02, 0.0, 0.03]
+    assert permutation_p(low, high) == 1 / 70
+    assert permutation_p(high, low) == 1.0
+    # one basis-free optimiser above one per-coordinate: the observed split and the one swapping them
+    assert permutation_p([0.01, -0.02, 0.0, 0.55], [0.5, 0.9, 0.6, 1.2]) == 2 / 70
+    # 4 vs 3: C(7,3) = 35 splits
+    assert permutation_p(low, high[:3]) == 1 / 35
+    assert math.isnan(permutation_p([], high))
+
+
+def test_family_comparison_carries_the_exact_p_beside_welch() -> None:
+    from analysis.families import permutation_p
+
+    rng = np.random.default_rng(3)
+    c = compare_family_values(_lines(BASIS_FREE, {0: 0.0, 1: 0.01, 2: -0.01}, 0.001, rng),
+                              _lines(PER_COORDINATE, {0: 0.0, 1: 0.01, 2: -0.01}, 0.001, rng))
+    assert c.p_exact == 1 / 35 == permutation_p(c.line_means[0], c.line_means[1])
+
+
+def test_holm_over_widths_of_exact_ps_is_exact() -> None:
+    """Three widths at p = 1/70: Holm multiplies the smallest by 3, then carries the maximum: every
+    adjusted p is 3/70; with 1/70, 2/70, 5/70: 3/70, 4/70, 5/70."""
+    from analysis.multiplicity import holm
+
+    assert list(holm([1 / 70] * 3)) == [3 / 70] * 3
+    assert list(holm([2 / 70, 1 / 70, 5 / 70])) == pytest.approx([4 / 70, 3 / 70, 5 / 70], abs=0)
+
+
+def test_sign_flip_p_over_n_seeds_is_two_over_two_to_the_n_at_best() -> None:
+    from analysis.families import paired_interval, sign_flip_p
+
+    for n in (1, 3, 5, 8):
+        assert sign_flip_p(np.linspace(0.2, 1.0, n)) == 2 / 2**n
+        assert sign_flip_p(-np.linspace(0.2, 1.0, n)) == 2 / 2**n
+    # 3 seeds, one against: the flips reaching |mean| >= the observed, counted by brute force
+    d = np.array([0.5, 0.4, -0.1])
+    flips = [abs(np.dot(s, d)) >= abs(d.sum()) for s in np.array(np.meshgrid(*[[1, -1]] * 3)).T.reshape(-1, 3)]
+    assert sign_flip_p(d) == sum(flips) / 8 == 4 / 8
+    assert sign_flip_p(np.zeros(4)) == 1.0
+    mean, lo, hi = paired_interval([0.1, 0.3, 0.2])
+    from scipy import stats
+
+    half = stats.t.ppf(0.975, 2) * 0.1 / math.sqrt(3)
+    assert (mean, lo, hi) == pytest.approx((0.2, 0.2 - half, 0.2 + half), abs=1e-12)
+    assert math.isnan(paired_interval([0.1])[1])

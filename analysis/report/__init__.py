@@ -12,7 +12,8 @@ between optimisers (``comparisons.csv``) and between optimiser families
 contrasts take the optimisers as the units, seeds paired; one declared primary contrast keeps
 its raw p, every other p in the three comparison tables is Holm-adjusted in ``p_holm``),
 ``best_lr.csv``, the fitted best lr against size (``lr_fit.csv``, where lr ladders ran at 2+
-sizes), ``onset.csv`` and ``index.html``: one self-contained page with every chart inlined
+sizes), the level at each ladder's fitted loss-optimal lr and its slope across widths
+(``optimum.csv``, ``optimum_slopes.csv``, ``optimum_families.csv``, ``twins.csv``), ``onset.csv`` and ``index.html``: one self-contained page with every chart inlined
 as SVG, the tables, the invariance checks and the failed trials.
 
 Failed and diverged trials are excluded and counted. A sweep with one model size gets its
@@ -21,7 +22,7 @@ what needs it.
 
 The package: ``content`` computes (``build``: what finished, the best lr, then each section
 of ``content.SECTIONS`` in turn; ``section`` says what a section is and is handed), one module
-per section (``kurtosis``, ``bases``, ``quant``, ``lr``, ``scaling``, ``privilege``, ``sinks``,
+per section (``kurtosis``, ``bases``, ``quant``, ``lr``, ``optimum``, ``scaling``, ``privilege``, ``sinks``,
 ``dims``, ``sae``, ``slopes``, ``checks``), ``fits`` holds the fit specs, ``render`` turns the
 content into bytes; this module writes them.
 """
@@ -130,6 +131,10 @@ def write_report(
         rep.files.append(writer.write("family_levels.csv", c.family_levels.write_csv().encode()))
     if c.lr_fit.height:
         rep.files.append(writer.write("lr_fit.csv", c.lr_fit.write_csv().encode()))
+    for name in ("optimum", "optimum_slopes", "optimum_families", "twins"):  # issue 45: the level at lr*
+        table = getattr(c, name)
+        if table.height:
+            rep.files.append(writer.write(f"{name}.csv", table.write_csv().encode()))
     if c.privilege.height:  # issue 32: the per-trial test
         rep.files.append(writer.write("privilege.csv", c.privilege.write_csv().encode()))
         rep.files.append(writer.write("privilege.md", privilege.markdown(c.privilege, c.x).encode()))

@@ -17,7 +17,7 @@ import polars as pl
 from analysis import charts, queries, selection
 from analysis.load import Results
 from analysis.multiplicity import DEFAULT_PRIMARY, PrimaryContrast
-from analysis.report import bases, checks, dims, kurtosis, lr, privilege, quant, sae, scaling, sinks, slopes
+from analysis.report import bases, checks, dims, kurtosis, lr, optimum, privilege, quant, sae, scaling, sinks, slopes
 from analysis.report.fits import DEFAULT_FITS, FitSpec
 from analysis.report.quant import floor_note as _quant_floor_note  # noqa: F401  (its old name, for tests)
 from analysis.report.section import Charts, Context, Options, ReportContent, Section, metrics_read
@@ -30,6 +30,7 @@ SECTIONS: list[Section] = [
     bases.SECTION,  # stored, random and computation bases; kurtosis against rotation group size
     quant.SECTION,  # quantisation penalty against kurtosis
     lr.SECTION,  # the best lr against size
+    optimum.SECTION,  # the level at each ladder's fitted loss-optimal lr, its slope across widths (issue 45)
     scaling.SECTION,  # the power-law and count fits, their charts and tables
     privilege.SECTION,  # the per-trial rank test and the top-1 share (issue 32)
     sinks.SECTION,  # attention sinks (issue 36)

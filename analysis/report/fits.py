@@ -205,8 +205,8 @@ def compare_family_lines(
                 "optimizers_a": " + ".join(r["optimizer"] for r in side_a),
                 "optimizers_b": " + ".join(r["optimizer"] for r in members[fb]),
                 "difference": c.difference, "difference_low": c.difference_ci[0],
-                "difference_high": c.difference_ci[1], "p_value": c.p_value, "method": c.method,
-                "role": PRIMARY if declared and primary_fit else SECONDARY,
+                "difference_high": c.difference_ci[1], "p_value": c.p_value, "p_exact": c.p_exact,
+                "method": c.method, "role": PRIMARY if declared and primary_fit else SECONDARY,
             })  # fmt: skip
     return rows
 
@@ -259,10 +259,27 @@ def level_rows(
                 "optimizers_a": " + ".join(o for o, _ in side_a),
                 "optimizers_b": " + ".join(o for o, _ in members[fb]),
                 "difference": c.difference, "difference_low": c.difference_ci[0],
-                "difference_high": c.difference_ci[1], "p_value": c.p_value, "method": c.method,
-                "role": PRIMARY if declared and primary_fit and key[-1] == largest else SECONDARY,
+                "difference_high": c.difference_ci[1], "p_value": c.p_value, "p_exact": c.p_exact,
+                "method": c.method, "role": PRIMARY if declared and primary_fit and key[-1] == largest else SECONDARY,
             })  # fmt: skip
-    return levels, rows
+    return levels, _holm_over_sizes(rows)
+
+
+def _holm_over_sizes(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``p_exact_holm``: each contrast's exact permutation p (one-sided, b > a) Holm-adjusted over
+    the sizes it is tested at (one family per contrast, stratum and fit)."""
+    from analysis.multiplicity import holm
+
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, r in enumerate(rows):
+        groups.setdefault(tuple(v for k, v in r.items() if k not in _PER_SIZE), []).append(i)
+    for idx in groups.values():
+        for i, p in zip(idx, holm([rows[i]["p_exact"] for i in idx]), strict=True):
+            rows[i]["p_exact_holm"] = float(p)
+    return rows
+
+
+_PER_SIZE = {"size", "optimizers_a", "optimizers_b", "difference", "difference_low", "difference_high", "p_value", "p_exact", "method", "role"}
 
 
 def primary_fit(fit_specs: Sequence[FitSpec], primary: PrimaryContrast | None) -> FitSpec | None:

@@ -51,6 +51,10 @@ class ReportContent:
     privilege: pl.DataFrame = field(default_factory=pl.DataFrame)
     best_lr: pl.DataFrame = field(default_factory=pl.DataFrame)
     lr_fit: pl.DataFrame = field(default_factory=pl.DataFrame)
+    optimum: pl.DataFrame = field(default_factory=pl.DataFrame)
+    optimum_slopes: pl.DataFrame = field(default_factory=pl.DataFrame)
+    optimum_families: pl.DataFrame = field(default_factory=pl.DataFrame)
+    twins: pl.DataFrame = field(default_factory=pl.DataFrame)
     onsets: pl.DataFrame | None = None
     check_summary: pl.DataFrame = field(default_factory=pl.DataFrame)
     notes: list[str] = field(default_factory=list)

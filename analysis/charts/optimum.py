@@ -1,0 +1,113 @@
+"""The level along the whole lr ladder: kurtosis / null against lr (both log), one line per width,
+one panel per optimiser, each width's fitted loss-optimal lr* marked (``analysis.optimum``). A
+reader sees at once whether width (the lines' order at one lr) or lr (each line's slope) moves the
+level."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import altair as alt
+import numpy as np
+import polars as pl
+
+from analysis.charts.layers import titled
+from analysis.charts.style import OPTIMIZER_COLORS, PANEL_WIDTH
+
+__all__ = ["level_along_ladder", "ladder_cells"]
+
+WIDTH_COLORS = ["#56B4E9", "#0072B2", "#00204D", "#6A3D9A", "#B15928"]
+"""Light to dark with width (a sequential, colour-blind-safe ramp)."""
+
+
+def ladder_cells(trials: pl.DataFrame, measure: str = "kurtosis", confidence: float = 0.95) -> pl.DataFrame:
+    """Per (optimiser, width, lr): the geometric seed mean of measure / null, exp(mean of
+    ``log_<measure>``), and exp of its t-interval over seeds (null bounds with one seed), ``n``."""
+    from scipy import stats
+
+    col = f"log_{measure}"
+    cells = trials.group_by("optimizer", "optimizer_family", "d_model", "lr").agg(
+        m=pl.col(col).mean(), s=pl.col(col).std(), n=pl.len().cast(pl.Int64))
+    t = np.array([stats.t.ppf((1 + confidence) / 2, n - 1) if n > 1 else math.nan for n in cells.get_column("n")])
+    half = pl.Series(t) * cells.get_column("s") / cells.get_column("n").cast(pl.Float64).sqrt()
+    return cells.with_columns(
+        ratio=pl.col("m").exp(), low=(pl.col("m") - half).exp(), high=(pl.col("m") + half).exp(),
+    ).drop("m", "s").sort("optimizer", "d_model", "lr")
+
+
+def level_along_ladder(
+    cells: pl.DataFrame, levels: pl.DataFrame, measure: str = "kurtosis", *, columns: int = 4,
+    title: str = "Kurtosis / null along the lr ladder, by width", caption: str | None = None,
+    confidence: float = 0.95, configure: bool = True,
+) -> Any:
+    """``cells`` (``ladder_cells``) and ``levels`` (``optimum.optimum_tables``' first table): lines
+    per width (seed geometric means, bars: seed t-intervals), a diamond at each width's fitted lr*
+    and level there (bars: its bootstrap interval in both directions), the null (1) dashed; one
+    panel per optimiser, x independent (each optimiser's ladder), y shared (levels comparable)."""
+    order = [o for o in (*OPTIMIZER_COLORS, *sorted(cells.get_column("optimizer").unique())) if o in
+             set(cells.get_column("optimizer"))]  # fmt: skip
+    order = sorted(dict.fromkeys(order), key=lambda o: (_family_rank(cells, o), order.index(o)))
+    ok = levels.filter(pl.col("flag") == "").select(
+        "optimizer", "d_model", lr="lr_star", lr_low="lr_star_low", lr_high="lr_star_high",
+        ratio=f"{measure}_over_null", low=f"{measure}_over_null_low", high=f"{measure}_over_null_high",
+    ).with_columns(kind=pl.lit("optimum"))  # fmt: skip
+    df = pl.concat([cells.with_columns(kind=pl.lit("cell")), ok], how="diagonal_relaxed")
+    words = {r["d_model"]: f"d_model {r['d_model']} ({r['tokens_per_param']:.1f} tokens/param)"
+             for r in levels.unique("d_model").iter_rows(named=True)}  # fmt: skip
+    df = df.with_columns(width=pl.col("d_model").replace_strict(words, default=None, return_dtype=pl.String)
+                         .fill_null(pl.format("d_model {}", pl.col("d_model"))), null=pl.lit(1.0),
+                         panel=pl.col("optimizer").replace_strict(_panels(cells), default=None))  # fmt: skip
+    widths = [words.get(d, f"d_model {d}") for d in sorted(df.get_column("d_model").unique())]
+    color = alt.Color("width:N", title="Width", scale=alt.Scale(domain=widths, range=WIDTH_COLORS[: len(widths)]),
+                      sort=widths, legend=alt.Legend(symbolType="stroke", symbolStrokeWidth=3))  # fmt: skip
+    x = alt.X("lr:Q", title="Learning rate (log)", scale=alt.Scale(type="log", nice=False, padding=8),
+              axis=alt.Axis(format="~g", tickCount=4))  # fmt: skip
+    y = alt.Y("ratio:Q", title=f"{'Kurtosis' if measure == 'kurtosis' else 'Top-1 share'} / null (log)",
+              scale=alt.Scale(type="log", nice=False, padding=8), axis=alt.Axis(format="~g"))  # fmt: skip
+    cell, opt = alt.datum.kind == "cell", alt.datum.kind == "optimum"
+    tips = ["optimizer:N", "width:N", alt.Tooltip("lr:Q", format=".3g"), alt.Tooltip("ratio:Q", format=".3f"), "n:Q"]
+    layers = [
+        alt.Chart().mark_rule(strokeDash=[4, 3], color="#777777", strokeWidth=1).encode(y="null:Q"),
+        alt.Chart().transform_filter(cell).mark_line(strokeWidth=1.6).encode(x=x, y=y, color=color),
+        alt.Chart().transform_filter(cell & (alt.datum.n > 1)).mark_rule(strokeWidth=1.2).encode(
+            x=x, y="low:Q", y2="high:Q", color=color),
+        alt.Chart().transform_filter(cell).mark_point(size=26, filled=True, opacity=1).encode(
+            x=x, y=y, color=color, tooltip=tips),
+        alt.Chart().transform_filter(opt).mark_rule(strokeWidth=1.4).encode(x=x, y="low:Q", y2="high:Q", color=color),
+        alt.Chart().transform_filter(opt).mark_rule(strokeWidth=1.4).encode(
+            x="lr_low:Q", x2="lr_high:Q", y=y, color=color),
+        alt.Chart().transform_filter(opt).mark_point(shape="diamond", size=110, filled=True, stroke="white",
+                                                     strokeWidth=0.8, opacity=1).encode(x=x, y=y, color=color,
+                                                                                         tooltip=tips),
+    ]  # fmt: skip
+    panel_width = int(PANEL_WIDTH * 0.85)
+    chart = (
+        alt.layer(*layers, data=df)
+        .properties(width=panel_width, height=int(panel_width * 0.8))
+        .facet(facet=alt.Facet("panel:N", sort=[_panels(cells)[o] for o in order], title=None, header=alt.Header(labelFontSize=11)),
+               columns=columns)
+        .resolve_scale(x="independent")
+    )  # fmt: skip
+    caption = caption or (
+        f"{'Kurtosis' if measure == 'kurtosis' else 'Top-1 share'} / null of the residual stream (stored basis, mean "
+        "over blocks, final step) against the learning rate, one line per width, one panel per optimiser: seed "
+        f"geometric means, bars {confidence:.0%} t-intervals where an lr ran 2+ seeds. Diamond: the width's fitted "
+        "loss-optimal lr* (the vertex of the parabola of val loss against log lr through the best lr and its "
+        "neighbours) and the level there (a line fit of the log level over the same three lrs), bars its seed "
+        "bootstrap interval in lr and in level. Dashed: the null (1: no privileged basis). At one lr the lines' "
+        "order is width's effect; along a line, lr's.")
+    n_cols = min(columns, len(order))
+    return titled(chart, title, [], caption, n_cols * (panel_width + 40), configure)
+
+
+def _panels(cells: pl.DataFrame) -> dict[str, str]:
+    """Each optimiser's panel title: its name and family."""
+    fams = dict(cells.select("optimizer", "optimizer_family").unique("optimizer").iter_rows())
+    return {o: f"{o} ({(f or '?').replace('_', ' ')})" for o, f in fams.items()}
+
+
+def _family_rank(cells: pl.DataFrame, optimizer: str) -> int:
+    """Per-coordinate optimisers' panels first."""
+    fam = cells.filter(pl.col("optimizer") == optimizer).get_column("optimizer_family")
+    return 0 if fam.len() and fam[0] == "per_coordinate" else 1

@@ -1,0 +1,385 @@
+"""The outlier level at the loss-optimal learning rate, and its trend across widths.
+
+In standard parameterisation a fixed lr is a larger effective step at a larger width, so a level
+read "at one lr" or "at the best grid point" mixes width with lr (DESIGN.md, "Width and lr").
+Here each level is read at the fitted loss-optimal lr of its ladder:
+
+- a ladder is one ``group``: the config without its seed and lr (``tuning_id``, see
+  ``analysis.identity``), i.e. one optimiser config at one width;
+- x = log10 lr; per lr the seed means of the final val loss and of each measure's log (the
+  trial's measure: ``log(kurtosis / 3(d-1)/(d+1))`` and ``log(top-1 share / its null)``, residual
+  stream, stored basis, mean over blocks, final step: what the report's fits read);
+- i = the lr with the lowest mean loss; the parabola through (x, loss) at i-1, i, i+1 (exactly
+  three points: the best and its two neighbours) gives x* = its vertex. A best at the ladder's
+  end has no optimum: flagged ``edge``, never extrapolated; a parabola that does not open upward:
+  ``concave`` (through the first-lowest point and its neighbours it always opens upward, so only
+  a NaN loss gets there); a ladder of fewer than 3 lrs: ``few lrs``;
+- the measure at x* from the least-squares line of (x, mean log measure) over the same three
+  points (a local linear fit: exact where log measure is linear in log lr, and smoother than the
+  interpolating quadratic, which would follow each point's seed noise);
+- the interval: a seed-level bootstrap over the whole surface: in each replicate every (group,
+  lr) cell's trials are resampled with replacement (a one-seed cell is that one trial every
+  time: it adds no variance, so where the ladder's neighbours have one seed the interval is
+  conditional on them), the best lr is re-chosen and the parabola and the line refitted;
+  percentile intervals over the replicates whose best is inside the ladder (``boot_inside``
+  says how many were);
+- across widths, per line (``tuned_line_id``: one optimiser config across widths), the slope of
+  the level (log measure at lr*) against log N by least squares over the widths with an optimum,
+  its percentile interval from the same replicates (those with an optimum at every such width).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+__all__ = ["EDGE", "FEW", "CONCAVE", "MEASURES", "Ladder", "Optimum", "WidthSlope", "fit_ladder", "fit_slope",
+           "ladders_from", "read_at", "vertex"]  # fmt: skip
+
+EDGE, CONCAVE, FEW = "edge", "concave", "few lrs"
+_CODES = ("", EDGE, CONCAVE, FEW)
+MEASURES = ("kurtosis", "top1_share")
+"""The measures read at lr*: columns ``log_kurtosis`` and ``log_top1_share`` of the trials frame
+(log of the measure over its null)."""
+
+
+def vertex(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row of ``y`` (B, L) over sorted ``x`` (L,): i = argmin; the parabola
+    y = a x² + b x + c through the points i-1, i, i+1, with
+    a = ((y2-y1)/(x2-x1) - (y1-y0)/(x1-x0)) / (x2-x0), b = (y1-y0)/(x1-x0) - a (x0+x1),
+    x* = -b / (2a). Returns (x*, i, code): code 0 an optimum inside the ladder, 1 ``edge``
+    (i is the first or last lr), 2 ``concave`` (a <= 0), 3 ``few lrs`` (L < 3); x* is NaN where
+    code > 0."""
+    y = np.atleast_2d(np.asarray(y, dtype=float))
+    x = np.asarray(x, dtype=float)
+    n_rows, n_lr = y.shape
+    i = np.argmin(y, axis=1)
+    if n_lr < 3:
+        return np.full(n_rows, math.nan), i, np.full(n_rows, 3)
+    j = np.clip(i, 1, n_lr - 2)
+    rows = np.arange(n_rows)
+    x0, x1, x2 = x[j - 1], x[j], x[j + 1]
+    y0, y1, y2 = y[rows, j - 1], y[rows, j], y[rows, j + 1]
+    a = ((y2 - y1) / (x2 - x1) - (y1 - y0) / (x1 - x0)) / (x2 - x0)
+    b = (y1 - y0) / (x1 - x0) - a * (x0 + x1)
+    code = np.where((i == 0) | (i == n_lr - 1), 1, np.where(a > 0, 0, 2))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x_star = np.where(code == 0, -b / (2 * a), math.nan)
+    return x_star, i, code
+
+
+def read_at(x: np.ndarray, m: np.ndarray, i: np.ndarray, x_star: np.ndarray) -> np.ndarray:
+    """Per row of ``m`` (B, L): the least-squares line of m against x over the points i-1, i,
+    i+1, evaluated at x*: mean(m) + slope (x* - mean(x)), slope = sum((x - mean x)(m - mean m)) /
+    sum((x - mean x)²). NaN where x* is NaN or a point's m is NaN."""
+    m = np.atleast_2d(np.asarray(m, dtype=float))
+    x = np.asarray(x, dtype=float)
+    if m.shape[1] < 3:
+        return np.full(m.shape[0], math.nan)
+    j = np.clip(np.asarray(i), 1, m.shape[1] - 2)
+    rows = np.arange(m.shape[0])[:, None]
+    cols = j[:, None] + np.array([-1, 0, 1])[None, :]
+    xs, ms = x[cols], m[rows, cols]
+    xc = xs - xs.mean(axis=1, keepdims=True)
+    slope = (xc * (ms - ms.mean(axis=1, keepdims=True))).sum(axis=1) / (xc**2).sum(axis=1)
+    return ms.mean(axis=1) + slope * (x_star - xs.mean(axis=1))
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """One group's trials: ``x`` the sorted log10 lrs; per lr the trials' final val loss
+    (``loss[k]``) and log measures (``measures[name][k]``), aligned trial by trial (sorted by
+    seed), and their ``seeds``."""
+
+    x: np.ndarray
+    loss: list[np.ndarray]
+    measures: dict[str, list[np.ndarray]]
+    seeds: list[np.ndarray]
+
+    def means(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Per lr the seed means of the loss and of each log measure, as (1, L) rows."""
+        loss = np.array([[v.mean() for v in self.loss]])
+        return loss, {k: np.array([[v.mean() for v in cells]]) for k, cells in self.measures.items()}
+
+    def resampled(self, n_boot: int, rng: np.random.Generator) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """``n_boot`` bootstrap replicates of ``means``, (n_boot, L) each: every lr's trials
+        resampled with replacement, the same draw for the loss and the measures (a trial is the
+        unit); a one-trial lr is that trial in every replicate."""
+        loss = np.empty((n_boot, len(self.loss)))
+        meas = {k: np.empty((n_boot, len(self.loss))) for k in self.measures}
+        for k, v in enumerate(self.loss):
+            idx = rng.integers(0, v.size, size=(n_boot, v.size)) if v.size > 1 else np.zeros((n_boot, 1), int)
+            loss[:, k] = v[idx].mean(axis=1)
+            for name, cells in self.measures.items():
+                meas[name][:, k] = cells[k][idx].mean(axis=1)
+        return loss, meas
+
+
+@dataclass(frozen=True)
+class Optimum:
+    """One ladder's optimum: ``lr_star`` = 10^x* (``vertex``), its percentile interval
+    ``lr_star_ci``; per measure the level log(measure / null) at x* (``read_at``) with its
+    interval (``levels[name] = (value, lo, hi)``); ``flag`` ("" or ``EDGE`` / ``CONCAVE`` /
+    ``FEW``: then no lr* and no level); ``best_lr`` the grid lr with the lowest mean loss;
+    ``boot_inside`` the share of replicates whose best was inside the ladder (the interval is
+    over those). ``boot``: the replicates (x* and each level; NaN where not inside), for slopes."""
+
+    best_lr: float
+    lr_star: float
+    lr_star_ci: tuple[float, float]
+    levels: dict[str, tuple[float, float, float]]
+    flag: str
+    boot_inside: float
+    n_seeds_best: int
+    boot: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+
+
+def fit_ladder(ladder: Ladder, n_boot: int = 1000, rng: np.random.Generator | None = None,
+               confidence: float = 0.95) -> Optimum:
+    """``Optimum`` of one ladder (see the module docstring for the formulae)."""
+    rng = np.random.default_rng(0) if rng is None else rng
+    q = (100 * (1 - confidence) / 2, 100 * (1 + confidence) / 2)
+    loss, meas = ladder.means()
+    x_star, i, code = vertex(ladder.x, loss)
+    flag = _CODES[int(code[0])]
+    b_loss, b_meas = ladder.resampled(n_boot, rng)
+    bx, bi, bcode = vertex(ladder.x, b_loss)
+    inside = bcode == 0
+    boot = {"x_star": bx, **{k: np.where(inside, read_at(ladder.x, b_meas[k], bi, bx), math.nan) for k in meas}}
+    levels = {}
+    for k in meas:
+        value = float(read_at(ladder.x, meas[k], i, x_star)[0])
+        levels[k] = (value, *_percentiles(boot[k], q))
+    lo, hi = _percentiles(bx, q)
+    return Optimum(
+        best_lr=float(10 ** ladder.x[int(i[0])]), lr_star=float(10 ** x_star[0]), lr_star_ci=(10**lo, 10**hi),
+        levels=levels, flag=flag, boot_inside=float(inside.mean()) if n_boot else math.nan,
+        n_seeds_best=int(ladder.loss[int(i[0])].size), boot=boot,
+    )  # fmt: skip
+
+
+def _percentiles(values: np.ndarray, q: tuple[float, float]) -> tuple[float, float]:
+    ok = values[np.isfinite(values)]
+    if ok.size < 2:
+        return math.nan, math.nan
+    lo, hi = np.percentile(ok, q)
+    return float(lo), float(hi)
+
+
+@dataclass(frozen=True)
+class WidthSlope:
+    """The slope of the level (log measure / null at lr*) against log N across one line's widths:
+    least squares over the widths with an optimum (``n_widths``); its percentile interval over the
+    bootstrap replicates with an optimum at each of them (``boot_kept``: their share)."""
+
+    slope: float
+    ci: tuple[float, float]
+    n_widths: int
+    boot_kept: float
+
+
+def fit_slope(log_n: np.ndarray, levels: np.ndarray, boots: list[np.ndarray], confidence: float = 0.95) -> WidthSlope:
+    """``WidthSlope`` from each width's log N, level and bootstrap replicates of the level (one
+    array per width, aligned by replicate; NaN where that replicate had no optimum), over the
+    widths whose level is finite: slope = sum((u - mean u)(v - mean v)) / sum((u - mean u)²),
+    u = log N, v = level."""
+    ok = np.isfinite(levels)
+    u = np.asarray(log_n, dtype=float)[ok]
+    if np.unique(u).size < 2:
+        return WidthSlope(math.nan, (math.nan, math.nan), int(ok.sum()), math.nan)
+    uc = u - u.mean()
+    weights = uc / (uc**2).sum()
+    slope = float(weights @ levels[ok])
+    reps = np.stack([b for b, k in zip(boots, ok, strict=True) if k], axis=1)  # (B, widths)
+    kept = np.isfinite(reps).all(axis=1)
+    b = reps[kept] @ weights
+    q = (100 * (1 - confidence) / 2, 100 * (1 + confidence) / 2)
+    return WidthSlope(slope, _percentiles(b, q), int(ok.sum()), float(kept.mean()) if kept.size else math.nan)
+
+
+def ladders_from(trials: pl.DataFrame, group: str = "tuning_id") -> dict[Any, Ladder]:
+    """One ``Ladder`` per ``group`` from a trials frame with columns ``group``, ``lr``, ``seed``,
+    ``final_val_loss`` and ``log_<measure>`` for each of ``MEASURES`` present (NaN allowed)."""
+    names = [m for m in MEASURES if f"log_{m}" in trials.columns]
+    out = {}
+    for (key,), g in trials.sort(group, "lr", "seed").partition_by(group, as_dict=True, maintain_order=True).items():
+        lrs = sorted(set(g.get_column("lr").to_list()))
+        cells = [g.filter(pl.col("lr") == lr) for lr in lrs]
+        out[key] = Ladder(
+            x=np.log10(np.array(lrs, dtype=float)),
+            loss=[c.get_column("final_val_loss").cast(pl.Float64).to_numpy() for c in cells],
+            measures={m: [c.get_column(f"log_{m}").cast(pl.Float64).fill_null(math.nan).to_numpy() for c in cells]
+                      for m in names},
+            seeds=[c.get_column("seed").to_numpy() for c in cells],
+        )  # fmt: skip
+    return out
+
+
+# ---------------------------------------------------------------- the tables
+
+_KEEP = ("optimizer", "optimizer_family", "norm", "rotation_label", "d_model")
+WORDS = {"kurtosis": "kurtosis / null", "top1_share": "top-1 share / null"}
+
+
+def decide(lo: float, hi: float, margin: float = 0.1) -> str:
+    """A slope's verdict from its interval: ``grows`` (``falls``) where it excludes 0 above
+    (below), ``no growth`` where it lies inside ±``margin``, else ``undecided``."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "undecided"
+    if lo > 0:
+        return "grows"
+    if hi < 0:
+        return "falls"
+    return "no growth" if -margin < lo and hi < margin else "undecided"
+
+
+def optimum_tables(
+    trials: pl.DataFrame, x: str = "params_non_embedding", *, n_boot: int = 1000, seed: int = 0,
+    confidence: float = 0.95,
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(levels, slopes). ``trials``: one row per done trial with ``tuning_id``, ``tuned_line_id``,
+    ``lr``, ``seed``, ``final_val_loss``, ``log_kurtosis`` (and ``log_top1_share``), ``x``,
+    ``tokens``, ``params`` and the label columns. levels: one row per ladder (``Optimum``; each
+    measure as its ratio to the null, exp(level), with its interval; ``tokens_per_param`` =
+    tokens / params); slopes: one row per line and measure (``WidthSlope`` of the log ratio
+    against log ``x``, its ``decision`` (``decide``), and the tokens per parameter each width saw)."""
+    rng = np.random.default_rng(seed)
+    ladders = ladders_from(trials)
+    info = trials.group_by("tuning_id").agg(
+        *[pl.col(c).first() for c in (*_KEEP, "tuned_line_id", x) if c in trials.columns],
+        tokens_per_param=(pl.col("tokens") / pl.col("params")).first(),
+    )
+    rows, fitted = [], {}
+    for r in info.sort([c for c in ("optimizer", "tuned_line_id", x) if c in info.columns]).iter_rows(named=True):
+        o = fitted[r["tuning_id"]] = fit_ladder(ladders[r["tuning_id"]], n_boot, rng, confidence)
+        row = {**r, "best_lr": o.best_lr, "n_seeds_best": o.n_seeds_best, "lr_star": o.lr_star,
+               "lr_star_low": o.lr_star_ci[0], "lr_star_high": o.lr_star_ci[1], "flag": o.flag,
+               "boot_inside": o.boot_inside}  # fmt: skip
+        for m, (v, lo, hi) in o.levels.items():
+            row |= {f"{m}_over_null": math.exp(v), f"{m}_over_null_low": math.exp(lo),
+                    f"{m}_over_null_high": math.exp(hi), f"log_{m}_over_null": v}  # fmt: skip
+        rows.append(row)
+    levels = pl.from_dicts(rows, infer_schema_length=None) if rows else pl.DataFrame()
+    slopes = []
+    for (line,), g in (levels.partition_by("tuned_line_id", as_dict=True, maintain_order=True).items()
+                       if levels.height else []):  # fmt: skip
+        g = g.sort(x)
+        for m in MEASURES:
+            if f"log_{m}_over_null" not in g.columns:
+                continue
+            s = fit_slope(np.log(g.get_column(x).cast(pl.Float64).to_numpy()),
+                          g.get_column(f"log_{m}_over_null").fill_null(math.nan).to_numpy(),
+                          [fitted[t].boot[m] for t in g.get_column("tuning_id")], confidence)  # fmt: skip
+            first = g.row(0, named=True)
+            gone = g.filter(pl.col("flag") != "")
+            slopes.append({
+                **{c: first[c] for c in _KEEP if c in g.columns and c != "d_model"}, "measure": WORDS[m],
+                "slope": s.slope, "slope_low": s.ci[0], "slope_high": s.ci[1], "decision": decide(*s.ci),
+                "n_widths": s.n_widths, "boot_kept": s.boot_kept,
+                "tokens_per_param": "; ".join(f"d {r['d_model']}: {r['tokens_per_param']:.1f}" for r in g.iter_rows(named=True)),
+                "widths_left_out": "; ".join(f"d {r['d_model']} ({r['flag']})" for r in gone.iter_rows(named=True)),
+                "tuned_line_id": line,
+            })  # fmt: skip
+    return levels, pl.from_dicts(slopes, infer_schema_length=None) if slopes else pl.DataFrame()
+
+
+def family_exact(levels: pl.DataFrame, measure: str = "kurtosis", family: str = "per_coordinate") -> pl.DataFrame:
+    """Per width: ``family``'s optimisers against every other optimiser pooled, each at its fitted
+    lr* (one value per optimiser: log(measure / null)); the difference of the two means with the
+    Welch interval over optimisers (``families.compare_family_values``) and the exact one-sided
+    permutation p (``families.permutation_p``), Holm-adjusted over the widths (``p_exact_holm``).
+    Optimisers without an optimum at that width (flagged) are left out and named."""
+    from analysis.families import compare_family_values
+    from analysis.multiplicity import holm
+
+    col = f"log_{measure}_over_null"
+    if not levels.height or col not in levels.columns:
+        return pl.DataFrame()
+    rows = []
+    for (d,), g in levels.sort("d_model", "optimizer").partition_by("d_model", as_dict=True, maintain_order=True).items():
+        ok = g.filter(pl.col("flag") == "", pl.col(col).is_not_null())
+        mine = ok.filter(pl.col("optimizer_family") == family)
+        rest = ok.filter(pl.col("optimizer_family") != family)
+        if not mine.height or not rest.height:
+            continue
+        c = compare_family_values([[v] for v in rest.get_column(col)], [[v] for v in mine.get_column(col)],
+                                  labels=("others", family))  # fmt: skip
+        rows.append({
+            "measure": WORDS[measure], "d_model": d, "family": family,
+            "optimizers": " + ".join(mine.get_column("optimizer")), "others": " + ".join(rest.get_column("optimizer")),
+            "difference": c.difference, "welch_low": c.difference_ci[0], "welch_high": c.difference_ci[1],
+            "p_welch": c.p_value, "p_exact": c.p_exact,
+            "left_out": "; ".join(f"{r['optimizer']} ({r['flag']})" for r in g.filter(pl.col("flag") != "").iter_rows(named=True)),
+        })  # fmt: skip
+    if not rows:
+        return pl.DataFrame()
+    out = pl.from_dicts(rows, infer_schema_length=None)
+    return out.with_columns(p_exact_holm=pl.Series(holm(out.get_column("p_exact").to_numpy())))
+
+
+def twin_contrasts(trials: pl.DataFrame, levels: pl.DataFrame, confidence: float = 0.95,
+                   measure: str = "kurtosis") -> pl.DataFrame:
+    """Each optimiser ``o`` minus its rotated twin ``rotated_<o>`` (the same rule in a fixed random
+    basis) where the store has both: log(measure / null) paired by seed at one lr, per width
+    (and norm, rotation): the mean paired difference with its t-interval over seeds
+    (``families.paired_interval``) and the exact two-sided sign-flip p (``families.sign_flip_p``;
+    2 / 2^n at best over n seeds).
+
+    The lr: the same for both, the one (of those where the two share 2+ seeds) nearest ``o``'s
+    fitted lr* (its best grid lr where it has no optimum). At one lr the twins differ in nothing
+    but the basis the rule acts in (the same per-coordinate step size, init and data order per
+    seed); each at its own fitted optimum has no per-seed value to pair (lr* is read from seed
+    means, and a ladder's neighbours often ran one seed). ``twin_best_lr`` says where the twin's
+    own loss was lowest."""
+    from analysis.families import paired_interval, sign_flip_p
+
+    col = f"log_{measure}"
+    names = set(trials.get_column("optimizer").unique().to_list()) if trials.height else set()
+    strata = [c for c in ("d_model", "norm", "rotation_label") if c in trials.columns]
+    rows = []
+    for o in sorted(n for n in names if f"rotated_{n}" in names):
+        mine = trials.filter(pl.col("optimizer") == o).sort(strata)
+        twin = trials.filter(pl.col("optimizer") == f"rotated_{o}")
+        for key, g in mine.partition_by(strata, as_dict=True, maintain_order=True).items():
+            t = twin.filter(*[pl.col(c) == v for c, v in zip(strata, key, strict=True)])
+            pairs = g.select("lr", "seed", a=col).join(t.select("lr", "seed", b=col), on=["lr", "seed"])
+            shared = pairs.group_by("lr").agg(n=pl.len()).filter(pl.col("n") >= 2)
+            if not shared.height:
+                continue
+            lv = levels.filter(pl.col("tuning_id") == g.get_column("tuning_id")[0]).row(0, named=True)
+            target = lv["lr_star"] if lv["flag"] == "" else lv["best_lr"]
+            lr = min(shared.get_column("lr").to_list(), key=lambda v: (abs(math.log(v / target)), v))
+            p = pairs.filter(pl.col("lr") == lr).sort("seed")
+            d = (p.get_column("a") - p.get_column("b")).to_numpy()
+            mean, lo, hi = paired_interval(d, confidence)
+            tw = levels.filter(pl.col("optimizer") == f"rotated_{o}", *[pl.col(c) == v for c, v in zip(strata, key, strict=True)])
+            rows.append({
+                "measure": WORDS[measure], "optimizer": o, "twin": f"rotated_{o}", **dict(zip(strata, key, strict=True)),
+                "lr": lr, "lr_star": lv["lr_star"], "best_lr": lv["best_lr"],
+                "twin_best_lr": tw.get_column("best_lr")[0] if tw.height else None, "n_seeds": d.size,
+                "difference": mean, "ci_low": lo, "ci_high": hi, "ratio": math.exp(mean),
+                "p_sign_flip": sign_flip_p(d), "p_min": 2.0 / 2**d.size,
+            })  # fmt: skip
+    return pl.from_dicts(rows, infer_schema_length=None) if rows else pl.DataFrame()
+
+
+def trials_from(results: Any) -> pl.DataFrame:
+    """The trials frame of ``optimum_tables`` from a ``Results`` (every done trial, every lr):
+    the report's per-trial measures at the final step (``queries.per_trial``: residual stream,
+    stored basis, mean over blocks), ``log_kurtosis`` = log(kurtosis / 3(d-1)/(d+1)) and
+    ``log_top1_share`` = log(top1_share / ``null.top_share_null(d)``) (null where the store
+    predates the metric)."""
+    from analysis import queries
+    from analysis.null import top_share_null_expr
+
+    kurt = queries.per_trial(results, "kurtosis", "resid", "stored", over_null=True).collect()
+    kurt = kurt.filter(pl.col("value") > 0).with_columns(log_kurtosis=pl.col("value").log()).drop("value")
+    top = queries.per_trial(results, "top1_share", "resid", "stored").select("trial_id", "value", "d_model").collect()
+    top = top.filter(pl.col("value") > 0).select(
+        "trial_id", log_top1_share=(pl.col("value") / top_share_null_expr("d_model")).log())
+    out = kurt.join(top, on="trial_id", how="left")
+    return out.filter(pl.col("final_val_loss").is_not_null() & pl.col("final_val_loss").is_finite())

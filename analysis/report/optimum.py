@@ -1,0 +1,76 @@
+"""The report's section on the level at the loss-optimal lr (issue 45): at a fixed lr a
+per-coordinate optimiser's excess rises with width while its optimal lr falls, so a trend across
+widths is read at each ladder's fitted lr* (``analysis.optimum``), with a seed bootstrap over the
+whole surface. Tables (``ctx.content``, written as CSV): ``optimum`` (optimum.csv: per ladder lr*
+and the level there with intervals, tokens per parameter), ``optimum_slopes`` (optimum_slopes.csv:
+per line and measure the slope against log N, its interval, its decision and the tokens per
+parameter of each width), ``optimum_families`` (optimum_families.csv: per width per-coordinate
+minus the rest at lr*, Welch beside the exact permutation p, Holm over widths) and ``twins``
+(twins.csv: each optimiser minus its rotated twin, paired by seed). The chart: the level along
+the whole ladder."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from analysis import optimum
+from analysis.charts.optimum import ladder_cells, level_along_ladder
+from analysis.report.section import Context, Section
+
+__all__ = ["SECTION", "slope_note", "twin_note"]
+
+
+def add(ctx: Context) -> None:
+    """The tables into ``ctx.content``, the chart, and notes on the slopes and the twin contrasts."""
+    if not ctx.tuned or ("resid", "stored", "kurtosis") not in ctx.have:
+        return
+    ctx.say("reading each ladder at its fitted loss-optimal lr")
+    trials = optimum.trials_from(ctx.results)
+    if trials.height == 0:
+        return
+    o = ctx.options
+    levels, slopes = optimum.optimum_tables(trials, ctx.x, n_boot=o.n_boot, seed=o.seed, confidence=o.confidence)
+    c = ctx.content
+    c.optimum, c.optimum_slopes = levels, slopes
+    fams = [optimum.family_exact(levels, m) for m in optimum.MEASURES]
+    c.optimum_families = pl.concat([f for f in fams if f.height], how="diagonal_relaxed") if any(f.height for f in fams) \
+        else pl.DataFrame()  # fmt: skip
+    c.twins = optimum.twin_contrasts(trials, levels, o.confidence)
+    if levels.height and levels.filter(pl.col("flag") == "").height:
+        ctx.chart("level_along_ladder", level_along_ladder(ladder_cells(trials, confidence=o.confidence), levels,
+                                                           confidence=o.confidence),
+                  "Kurtosis / null along the whole lr ladder, one line per width, one panel per optimiser; diamonds: "
+                  "each width's fitted loss-optimal lr* and the level there with its seed-bootstrap interval "
+                  f"({o.n_boot} replicates; optimum.csv). Read a trend across widths at the diamonds, not at one "
+                  "lr or at the best grid point.")  # fmt: skip
+    for note in (slope_note(slopes), twin_note(c.twins)):
+        if note:
+            ctx.note(note)
+
+
+def slope_note(slopes: pl.DataFrame) -> str:
+    """The slopes against log N at the fitted optimum, per line and measure, with their decisions."""
+    if not slopes.height:
+        return ""
+    parts = [f"{r['optimizer']} ({r['measure']}): {r['slope']:+.3f} [{r['slope_low']:+.3f}, {r['slope_high']:+.3f}] "
+             f"{r['decision']}" for r in slopes.filter(pl.col("slope").is_not_nan()).iter_rows(named=True)]  # fmt: skip
+    tpp = slopes.get_column("tokens_per_param")[0]
+    return ("Slopes of log(level / null) against log N at each width's fitted loss-optimal lr (optimum_slopes.csv; "
+            "percentile seed-bootstrap intervals; an interval excluding 0 decides growth, one inside ±0.1 no growth, "
+            f"otherwise undecided; tokens per parameter {tpp}): " + "; ".join(parts) + ".")  # fmt: skip
+
+
+def twin_note(twins: pl.DataFrame) -> str:
+    """Each optimiser minus its rotated twin, paired by seed, in words."""
+    if not twins.height:
+        return ""
+    parts = [f"{r['optimizer']} − {r['twin']} at d_model {r['d_model']}, lr {r['lr']:g}: ×{r['ratio']:.2f} "
+             f"(log {r['difference']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}], {r['n_seeds']} seeds, "
+             f"sign-flip p = {r['p_sign_flip']:.3g}, the least {r['n_seeds']} seeds can give {r['p_min']:.3g})"
+             for r in twins.iter_rows(named=True)]  # fmt: skip
+    return ("The primary contrast, each per-coordinate optimiser minus its rotated twin (the same rule in a fixed "
+            "random basis), paired by seed at one lr (the shared lr nearest the optimiser's fitted lr*; twins.csv), "
+            "in kurtosis / null: " + "; ".join(parts) + ".")
+
+
+SECTION = Section("optimum", add, metrics=("kurtosis", "top1_share"))

@@ -1,0 +1,161 @@
+"""The level at the fitted loss-optimal lr (analysis.optimum): the parabola's vertex, the measure
+read there, the flags, the seed bootstrap's coverage of a slope across widths, and the tables on
+a synthetic store."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import polars as pl
+import pytest
+from synthetic_store import write_store
+
+from analysis import optimum
+from analysis.load import load
+from analysis.optimum import EDGE, Ladder, decide, fit_ladder, fit_slope, read_at, vertex
+
+
+def _ladder(x: np.ndarray, loss: np.ndarray, log_m: np.ndarray | None = None) -> Ladder:
+    """A ladder of one seed per lr."""
+    log_m = np.zeros_like(loss) if log_m is None else log_m
+    return Ladder(x=x, loss=[np.array([v]) for v in loss], measures={"kurtosis": [np.array([v]) for v in log_m]},
+                  seeds=[np.array([0])] * x.size)  # fmt: skip
+
+
+def test_a_parabolas_vertex_is_recovered_on_an_uneven_grid() -> None:
+    """Loss = c + k (x - x0)² on a ladder of uneven steps: x* = x0 in float64, whichever three
+    points bracket the best, and x* lies between the best's neighbours."""
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        x = np.sort(rng.uniform(-4, -1, size=6))
+        x0 = rng.uniform(x[1], x[-2])
+        k, c = rng.uniform(0.05, 2), rng.uniform(1, 3)
+        x_star, i, code = vertex(x, c + k * (x - x0) ** 2)
+        if code[0] == 0:
+            assert x_star[0] == pytest.approx(x0, abs=1e-11)
+            assert x[i[0] - 1] < x_star[0] < x[i[0] + 1]
+    o = fit_ladder(_ladder(np.log10([1e-3, 3e-3, 1e-2, 3e-2]), 2 + 0.3 * (np.log10([1e-3, 3e-3, 1e-2, 3e-2]) + 2.2) ** 2))
+    assert o.flag == "" and math.log10(o.lr_star) == pytest.approx(-2.2, abs=1e-12) and o.best_lr == 1e-2
+
+
+def test_a_measure_linear_in_log_lr_is_read_exactly_at_lr_star() -> None:
+    """log measure = a + g log10 lr: the line over the three points reads a + g x* exactly, and the
+    level is that, not any grid point's value."""
+    x = np.log10([1e-4, 3e-4, 1e-3, 3e-3, 1e-2])
+    loss = 2 + 0.4 * (x + 3.3) ** 2
+    log_m = 0.7 - 0.45 * x
+    o = fit_ladder(_ladder(x, loss, log_m), n_boot=50)
+    x_star = math.log10(o.lr_star)
+    assert x_star == pytest.approx(-3.3, abs=1e-12)
+    assert o.levels["kurtosis"][0] == pytest.approx(0.7 - 0.45 * x_star, abs=1e-12)
+    assert all(o.levels["kurtosis"][0] != pytest.approx(v) for v in log_m)
+    # one seed everywhere: every replicate is the data, so the interval is the point
+    assert o.levels["kurtosis"][1] == pytest.approx(o.levels["kurtosis"][0], abs=1e-12)
+    # the line, not the interpolating quadratic: a curved log measure is read off the chord's fit
+    curved = (x + 3.0) ** 2
+    bent = read_at(x, curved, np.array([2]), np.array([-3.3]))
+    assert bent[0] == pytest.approx(np.polyval(np.polyfit(x[1:4], curved[1:4], 1), -3.3), abs=1e-12)
+
+
+def test_a_best_at_the_edge_is_flagged_not_extrapolated() -> None:
+    x = np.log10([1e-3, 3e-3, 1e-2])
+    for loss in (np.array([1.0, 1.2, 1.5]), np.array([1.5, 1.2, 1.0])):
+        o = fit_ladder(_ladder(x, loss), n_boot=20)
+        assert o.flag == EDGE and math.isnan(o.lr_star) and math.isnan(o.levels["kurtosis"][0])
+        assert o.boot_inside == 0.0
+    flat = fit_ladder(_ladder(x, np.array([1.0, 1.0, 1.0])), n_boot=20)  # the argmin is the first: an edge
+    assert flat.flag == EDGE
+    # through the first-lowest point and its neighbours the parabola always opens upward; a NaN
+    # loss gives no curvature: flagged, not read
+    rng = np.random.default_rng(2)
+    _, i, code = vertex(np.log10([1e-3, 3e-3, 1e-2, 3e-2, 0.1]), rng.integers(0, 3, size=(500, 5)).astype(float))
+    assert set(code[(i > 0) & (i < 4)]) == {0}
+    _, _, code = vertex(np.log10([1e-3, 3e-3, 1e-2, 3e-2]), np.array([[2.0, 1.0, math.nan, 1.5]]))
+    assert code[0] == 2
+    assert fit_ladder(_ladder(x[:2], np.array([1.0, 2.0])), n_boot=5).flag == "few lrs"
+
+
+def test_decide() -> None:
+    assert decide(0.01, 0.3) == "grows" and decide(-0.3, -0.01) == "falls"
+    assert decide(-0.05, 0.08) == "no growth" and decide(-0.05, 0.2) == "undecided"
+    assert decide(math.nan, 1.0) == "undecided"
+
+
+def _simulate(rng: np.random.Generator, slope: float, n_seeds: int) -> tuple[np.ndarray, np.ndarray, list]:
+    """Three widths: the loss a parabola in log lr whose vertex falls with width, log measure = level(N)
+    + 0.5 (x - x*) with level(N) = slope log N, seed noise on both; returns log N, the fitted levels and
+    each width's bootstrap replicates."""
+    log_n = np.log([1e5, 4e5, 1.6e6])
+    levels, boots = [], []
+    for k, ln in enumerate(log_n):
+        x0 = -2.5 - 0.3 * k
+        x = x0 + np.array([-1.0, -0.5, 0.0, 0.5, 1.0]) + rng.uniform(-0.2, 0.2)
+        loss = [2 + 0.3 * (v - x0) ** 2 + 0.01 * rng.standard_normal(n_seeds) for v in x]
+        meas = [slope * ln + 0.5 * (v - x0) + 0.05 * rng.standard_normal(n_seeds) for v in x]
+        lad = Ladder(x=x, loss=loss, measures={"kurtosis": meas}, seeds=[np.arange(n_seeds)] * 5)
+        o = fit_ladder(lad, n_boot=300, rng=rng, confidence=0.9)
+        levels.append(o.levels["kurtosis"][0])
+        boots.append(o.boot["kurtosis"])
+    return log_n, np.array(levels), boots
+
+
+def test_the_bootstrap_interval_covers_the_true_slope_at_about_its_rate() -> None:
+    """90% percentile intervals of the slope across widths, 120 simulated surfaces with seed noise
+    (4 seeds per lr): the truth is covered at about the nominal rate (a seed bootstrap of 4 seeds
+    under-covers a little: its variance is (n-1)/n of the sampling variance)."""
+    rng = np.random.default_rng(7)
+    hits = []
+    for _ in range(120):
+        log_n, levels, boots = _simulate(rng, 0.2, 4)
+        s = fit_slope(log_n, levels, boots, confidence=0.9)
+        hits.append(s.ci[0] <= 0.2 <= s.ci[1])
+    assert 0.75 <= np.mean(hits) <= 0.97
+
+
+def test_a_slope_is_least_squares_over_the_widths_with_an_optimum() -> None:
+    log_n = np.log([1e5, 4e5, 1.6e6])
+    boots = [np.array([0.1, 0.2, math.nan]), np.array([0.3, 0.5, 0.4]), np.array([0.5, 0.6, 0.7])]
+    s = fit_slope(log_n, np.array([0.1, 0.3, 0.5]), boots, confidence=0.9)
+    assert s.slope == pytest.approx(np.polyfit(log_n, [0.1, 0.3, 0.5], 1)[0], abs=1e-12)
+    assert s.boot_kept == pytest.approx(2 / 3) and s.n_widths == 3
+    edge = fit_slope(log_n, np.array([0.1, math.nan, 0.5]), boots)
+    assert edge.n_widths == 2 and edge.slope == pytest.approx(0.4 / (log_n[2] - log_n[0]), abs=1e-12)
+
+
+@pytest.fixture(scope="module")
+def ladder_store(tmp_path_factory: pytest.TempPathFactory):
+    """adam: its best lr inside a 5-lr ladder at every width; sgd: its best beyond the ladder."""
+    return write_store(
+        tmp_path_factory.mktemp("opt"), name="opt", sizes=(32, 64), seeds=(0, 1, 2), steps=(0, 10), quant=False,
+        optimizers=("adam", "sgd"), lrs={"adam": [3e-4, 1e-3, 3e-3, 1e-2, 3e-2], "sgd": [0.01, 0.03, 0.1]},
+        best_lrs={"adam": 3e-3, "sgd": 1.0}, lr_penalty=0.5, basis_test=True, seed=3,
+    )  # fmt: skip
+
+
+def test_the_tables_on_a_store(ladder_store) -> None:
+    """Every ladder a row; sgd's best beyond its ladder is an edge at every width, with no level and no
+    slope; adam's lr* lies between its best's neighbours, tokens / param is the runs' tokens / params,
+    and the level's ratio is exp of its log."""
+    import dataclasses
+
+    from analysis import queries
+
+    res = load(ladder_store.path)
+    res = dataclasses.replace(res, runs=queries.runs_table(res.runs.collect(), status=None).collect().lazy())
+    trials = optimum.trials_from(res)
+    levels, slopes = optimum.optimum_tables(trials, n_boot=200)
+    assert levels.height == trials.select("tuning_id").n_unique() == 4
+    sgd = levels.filter(pl.col("optimizer") == "sgd")
+    assert (sgd.get_column("flag") == EDGE).all() and sgd.get_column("kurtosis_over_null").is_nan().all()
+    adam = levels.filter(pl.col("optimizer") == "adam")
+    assert (adam.get_column("flag") == "").all()
+    assert ((adam["lr_star"] > adam["best_lr"] / 3.01) & (adam["lr_star"] < adam["best_lr"] * 3.01)).all()
+    runs = res.runs.collect().filter(pl.col("optimizer") == "adam").group_by("d_model").agg(
+        tpp=(pl.col("tokens") / pl.col("params")).first())
+    got = adam.join(runs, on="d_model")
+    assert (got["tokens_per_param"] == got["tpp"]).all()
+    assert np.allclose(np.exp(adam["log_kurtosis_over_null"]), adam["kurtosis_over_null"], rtol=1e-12)
+    assert set(slopes.get_column("optimizer")) == {"adam", "sgd"}
+    assert slopes.filter(pl.col("optimizer") == "sgd").get_column("slope").is_nan().all()
+    assert "d 32: " in slopes.get_column("tokens_per_param")[0]

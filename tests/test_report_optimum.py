@@ -1,0 +1,59 @@
+"""The report's optimum section (analysis.report.optimum): its tables, chart and notes on a store of
+lr ladders with a rotated twin; nothing on a store without ladders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+from synthetic_store import write_store
+
+from analysis.load import load
+from analysis.report import content, optimum, write_report
+
+
+@pytest.fixture(scope="module")
+def twins(tmp_path_factory: pytest.TempPathFactory):
+    ladder = [3e-4, 1e-3, 3e-3, 1e-2, 3e-2]
+    return write_store(
+        tmp_path_factory.mktemp("t"), name="twins", sizes=(32, 64), seeds=(0, 1, 2), steps=(0, 10), quant=False,
+        optimizers=("adam", "rotated_adam", "sgd"), lrs={"adam": ladder, "rotated_adam": ladder, "sgd": [0.1, 0.3, 1.0]},
+        best_lrs={"adam": 3e-3, "rotated_adam": 3e-3, "sgd": 0.3}, lr_penalty=0.5, basis_test=True, seed=5,
+        exponents={"adam": 0.5, "rotated_adam": None, "sgd": None},
+    )  # fmt: skip
+
+
+def test_the_section_fills_its_tables_chart_and_notes(twins) -> None:
+    c = content.build(load(twins.path), n_boot=100, sections=[optimum.SECTION])
+    assert c.optimum.height == 6 and set(c.optimum.get_column("flag")) <= {"", "edge"}
+    assert {"lr_star", "lr_star_low", "lr_star_high", "kurtosis_over_null", "kurtosis_over_null_low",
+            "top1_share_over_null", "tokens_per_param"} <= set(c.optimum.columns)  # fmt: skip
+    assert set(c.optimum_slopes.get_column("optimizer")) == {"adam", "rotated_adam", "sgd"}
+    assert "tokens_per_param" in c.optimum_slopes.columns
+    assert list(c.charts) == ["level_along_ladder"]
+    # the twin: adam minus rotated_adam, paired over the 3 seeds at one lr both ran, exact p >= 2/8
+    tw = c.twins
+    assert tw.height == 2 and set(tw.get_column("twin")) == {"rotated_adam"}
+    assert (tw.get_column("n_seeds") == 3).all() and (tw.get_column("p_sign_flip") >= 2 / 8).all()
+    assert (tw.get_column("difference") > 0).all()  # the planted excess: adam only
+    assert any(n.startswith("Slopes of log(level / null)") for n in c.notes)
+    assert any(n.startswith("The primary contrast, each per-coordinate optimiser minus its rotated twin") for n in c.notes)
+    # per_coordinate (adam alone here) against the rest at each width: a permutation over 3 optimisers
+    fam = c.optimum_families.filter(pl.col("measure") == "kurtosis / null")
+    assert fam.height == 2 and (fam.get_column("p_exact") >= 1 / 3).all()
+
+
+def test_the_report_writes_the_tables(twins, tmp_path: Path) -> None:
+    rep = write_report(twins.path, tmp_path / "rep", formats=("svg",), n_boot=50)
+    for name in ("optimum", "optimum_slopes", "optimum_families", "twins"):
+        assert (tmp_path / "rep" / f"{name}.csv").stat().st_size > 100
+    assert "level_along_ladder" in rep.charts
+    fl = rep.family_levels
+    assert {"p_exact", "p_exact_holm"} <= set(fl.columns)
+
+
+def test_no_ladder_no_section(tmp_path: Path) -> None:
+    s = write_store(tmp_path, name="flat", sizes=(32, 64), seeds=(0, 1), steps=(0, 10), quant=False, seed=1)
+    c = content.build(load(s.path), n_boot=20, sections=[optimum.SECTION])
+    assert c.optimum.height == 0 and not c.charts and not c.twins.height
