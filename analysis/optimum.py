@@ -245,13 +245,13 @@ def optimum_tables(
     ``lr``, ``seed``, ``final_val_loss``, ``log_kurtosis`` (and ``log_top1_share``), ``x``,
     ``tokens``, ``params`` and the label columns. levels: one row per ladder (``Optimum``; each
     measure as its ratio to the null, exp(level), with its interval; ``tokens_per_param`` =
-    tokens / params); slopes: one row per line and measure (``WidthSlope`` of the log ratio
+    tokens / ``x``, the parameter count the slope is against); slopes: one row per line and measure (``WidthSlope`` of the log ratio
     against log ``x``, its ``decision`` (``decide``), and the tokens per parameter each width saw)."""
     rng = np.random.default_rng(seed)
     ladders = ladders_from(trials)
     info = trials.group_by("tuning_id").agg(
         *[pl.col(c).first() for c in (*_KEEP, "tuned_line_id", x) if c in trials.columns],
-        tokens_per_param=(pl.col("tokens") / pl.col("params")).first(),
+        tokens_per_param=(pl.col("tokens") / pl.col(x)).first(),
     )
     rows, fitted = [], {}
     for r in info.sort([c for c in ("optimizer", "tuned_line_id", x) if c in info.columns]).iter_rows(named=True):

@@ -135,8 +135,8 @@ def ladder_store(tmp_path_factory: pytest.TempPathFactory):
 
 def test_the_tables_on_a_store(ladder_store) -> None:
     """Every ladder a row; sgd's best beyond its ladder is an edge at every width, with no level and no
-    slope; adam's lr* lies between its best's neighbours, tokens / param is the runs' tokens / params,
-    and the level's ratio is exp of its log."""
+    slope; adam's lr* lies between its best's neighbours, tokens / param is the runs' tokens over
+    non-embedding params (what the slope is against), and the level's ratio is exp of its log."""
     import dataclasses
 
     from analysis import queries
@@ -152,7 +152,7 @@ def test_the_tables_on_a_store(ladder_store) -> None:
     assert (adam.get_column("flag") == "").all()
     assert ((adam["lr_star"] > adam["best_lr"] / 3.01) & (adam["lr_star"] < adam["best_lr"] * 3.01)).all()
     runs = res.runs.collect().filter(pl.col("optimizer") == "adam").group_by("d_model").agg(
-        tpp=(pl.col("tokens") / pl.col("params")).first())
+        tpp=(pl.col("tokens") / pl.col("params_non_embedding")).first())
     got = adam.join(runs, on="d_model")
     assert (got["tokens_per_param"] == got["tpp"]).all()
     assert np.allclose(np.exp(adam["log_kurtosis_over_null"]), adam["kurtosis_over_null"], rtol=1e-12)
