@@ -227,14 +227,14 @@ WORDS = {"kurtosis": "kurtosis / null", "top1_share": "top-1 share / null"}
 
 def decide(lo: float, hi: float, margin: float = 0.1) -> str:
     """A slope's verdict from its interval: ``grows`` (``falls``) where it excludes 0 above
-    (below), ``no growth`` where it lies inside ±``margin``, else ``undecided``."""
+    (below), ``no growth`` where it lies inside ±``margin`` across 0, else ``undecided``. An
+    interval that excludes 0 but lies inside ±``margin`` says both: ``grows, by < 0.1``."""
     if not (math.isfinite(lo) and math.isfinite(hi)):
         return "undecided"
-    if lo > 0:
-        return "grows"
-    if hi < 0:
-        return "falls"
-    return "no growth" if -margin < lo and hi < margin else "undecided"
+    small = -margin < lo and hi < margin
+    if lo > 0 or hi < 0:
+        return ("grows" if lo > 0 else "falls") + (f", by < {margin:g}" if small else "")
+    return "no growth" if small else "undecided"
 
 
 def optimum_tables(

@@ -78,6 +78,7 @@ def test_a_best_at_the_edge_is_flagged_not_extrapolated() -> None:
 
 def test_decide() -> None:
     assert decide(0.01, 0.3) == "grows" and decide(-0.3, -0.01) == "falls"
+    assert decide(-0.017, -0.003) == "falls, by < 0.1" and decide(0.02, 0.08) == "grows, by < 0.1"
     assert decide(-0.05, 0.08) == "no growth" and decide(-0.05, 0.2) == "undecided"
     assert decide(math.nan, 1.0) == "undecided"
 

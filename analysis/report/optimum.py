@@ -56,8 +56,8 @@ def slope_note(slopes: pl.DataFrame) -> str:
              f"{r['decision']}" for r in slopes.filter(pl.col("slope").is_not_nan()).iter_rows(named=True)]  # fmt: skip
     tpp = slopes.get_column("tokens_per_param")[0]
     return ("Slopes of log(level / null) against log N at each width's fitted loss-optimal lr (optimum_slopes.csv; "
-            "percentile seed-bootstrap intervals; an interval excluding 0 decides growth, one inside ±0.1 no growth, "
-            f"otherwise undecided; tokens per parameter {tpp}): " + "; ".join(parts) + ".")  # fmt: skip
+            "percentile seed-bootstrap intervals; an interval excluding 0 decides growth (a fall), one inside "
+            f"±0.1 no growth (both: by < 0.1), otherwise undecided; tokens per parameter {tpp}): " + "; ".join(parts) + ".")  # fmt: skip
 
 
 def twin_note(twins: pl.DataFrame) -> str:
