@@ -1,4 +1,5 @@
-"""Benchmark: optimiser step time of RotatedAdam vs torch AdamW on the same model.
+"""Benchmark: optimiser step time of RotatedAdam vs torch AdamW, and of each rotated twin vs its
+base, on the same model.
 
 Run (from the repository root, venv active):
 
@@ -10,15 +11,19 @@ Run (from the repository root, venv active):
 The budget that matters is on the whole train step (benchmarks/bench_step.py); this one
 isolates the optimiser step. For each width it builds one copy per variant of `study.model.Transformer` (4 blocks, 4 heads, d_mlp 4d, byte vocab 256,
 seq_len 128), gives every parameter a fixed random gradient, builds each optimiser through
-`build_optimizer` (adam, rotated_adam residual and all, soap, muon, adafactor, lion), and times `opt.step()` in
-one process, the optimisers interleaved in every repeat so that machine noise hits all alike.
-It prints the median ms per step and the ratio to AdamW, and, for scale, the median forward +
-backward time of one training batch (--batch sequences of seq_len tokens).
+`build_optimizer` (adam, rotated_adam residual and all, soap, muon, adafactor, lion, signsgd and
+the twins rotated_adafactor, rotated_lion, rotated_signsgd), and times `opt.step()` in one
+process, the optimisers interleaved in every repeat so that machine noise hits all alike. It
+prints the median ms per step and the ratio to AdamW, each twin's ratio to its base, and, for
+scale, the median forward + backward time of one training batch (--batch sequences of seq_len
+tokens). `--only adafactor rotated_adafactor ...` times a subset (adamw always runs, as the base).
 
 RotatedAdam's extra cost is four (residual: about two) dense d x d basis changes per matrix:
 O(d^3) FLOPs per layer against AdamW's O(d^2) memory traffic; soap adds its Shampoo factors,
-muon its Newton-Schulz iterations. The "dense GFLOP" column (bench_step.optimizer_flops) says
-how much; on a CPU that arithmetic, not the bookkeeping, sets the ratio.
+muon its Newton-Schulz iterations. A twin (rules.rotated_basis.RotatedBasis) changes three
+tensors' basis per matrix (G and W in, the update out): 1.5x rotated_adam's arithmetic. The
+"dense GFLOP" column (bench_step.optimizer_flops) says how much; on a CPU that arithmetic, not
+the bookkeeping, sets the ratio.
 """
 
 from __future__ import annotations
@@ -36,7 +41,9 @@ from study.optim import build_optimizer
 
 VARIANTS = [("adamw", {"name": "adam"}), ("rotated residual", {"name": "rotated_adam", "rotate": "residual"}),
             ("rotated all", {"name": "rotated_adam", "rotate": "all"}), ("soap", {"name": "soap"}), ("muon", {"name": "muon"}),
-            ("adafactor", {"name": "adafactor"}), ("lion", {"name": "lion"})]
+            ("adafactor", {"name": "adafactor"}), ("lion", {"name": "lion"}), ("signsgd", {"name": "signsgd"}),
+            ("rotated_adafactor", {"name": "rotated_adafactor"}), ("rotated_lion", {"name": "rotated_lion"}),
+            ("rotated_signsgd", {"name": "rotated_signsgd"})]
 
 
 def config(d_model: int, layers: int, opt: dict, seq_len: int) -> TrialConfig:
@@ -64,6 +71,8 @@ def time_steps(opt: torch.optim.Optimizer, steps: int, device: torch.device) -> 
 def bench_width(d_model: int, args: argparse.Namespace, device: torch.device) -> None:
     opts = {}
     for label, spec in VARIANTS:
+        if args.only and label not in args.only and label != "adamw":
+            continue
         cfg = config(d_model, args.layers, spec, args.seq_len)
         model = Transformer.from_config(cfg).to(device)
         g = torch.Generator(device="cpu").manual_seed(0)
@@ -95,6 +104,9 @@ def bench_width(d_model: int, args: argparse.Namespace, device: torch.device) ->
     for label, ts in times.items():
         med = statistics.median(ts)
         print(f"  {label:<18} {med:>15.3f} {min(ts):>8.3f} {med / base:>8.2f} {optimizer_flops(opts[label]) / 1e9:>15.2f}")
+    for label in times:
+        if label.startswith("rotated_") and (base := label.removeprefix("rotated_")) in times:
+            print(f"  {label} / {base}: {statistics.median(times[label]) / statistics.median(times[base]):.2f}x step time")
     print(f"  (forward+backward, batch {args.batch} x {args.seq_len}: {statistics.median(fb):.1f} ms)")
 
 
@@ -107,6 +119,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--only", nargs="+", default=None, help="variants to time (labels above), adamw always")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     args = ap.parse_args()
     if args.threads:

@@ -31,7 +31,7 @@ import torch
 
 from study.config import TrialConfig
 from study.model import Transformer
-from study.optim import SOAP, MuonAdamW, RotatedAdam, build_optimizer
+from study.optim import SOAP, MuonAdamW, RotatedAdam, RotatedBasis, build_optimizer
 
 OPTIMIZERS = {
     "adam": {"name": "adam", "lr": 1e-4},
@@ -56,8 +56,9 @@ def optimizer_flops(opt: object) -> float:
     rotated_adam / soap: G~ = Qo^T G Qi and back, 2 (2 o^2 i) + 2 (2 o i^2) per matrix with
     both sides rotated (vectors 2 (2 n^2)); soap adds its factors L, R (2 o^2 i + 2 o i^2) and,
     every `precondition_frequency` steps, per side n: L Q and diag(Q^T L Q) (4 n^3) and a QR
-    (4/3 n^3), amortised. muon: 5 Newton-Schulz steps on the m x n momentum (m <= n): X X^T
-    (2 m^2 n), a B + c B^2 (2 m^3), (...) X (2 m^2 n).
+    (4/3 n^3), amortised. Twins (RotatedBasis): three basis changes per matrix, G and W in and
+    the update out, 3 (2 o^2 i) + 3 (2 o i^2). muon: 5 Newton-Schulz steps on the m x n
+    momentum (m <= n): X X^T (2 m^2 n), a B + c B^2 (2 m^3), (...) X (2 m^2 n).
     """
     total = 0.0
     if isinstance(opt, RotatedAdam):
@@ -69,6 +70,11 @@ def optimizer_flops(opt: object) -> float:
             if isinstance(opt, SOAP) and f:
                 total += 2 * o * o * i * (qo is not None) + 2 * o * i * i * (qi is not None)
                 total += sum((4 + 4 / 3) * n**3 / f for n, q in ((o, qo), (i, qi)) if q is not None)
+    elif isinstance(opt, RotatedBasis):  # a twin: G and W into the basis, the update out
+        for p in (p for g in opt.param_groups for p in g["params"]):
+            qo, qi = opt.bases(p)
+            o, i = (p.shape[0], p.numel() // p.shape[0]) if p.ndim >= 2 else (p.numel(), 1)
+            total += 6 * o * o * i * (qo is not None) + 6 * o * i * i * (qi is not None)
     elif isinstance(opt, MuonAdamW):
         for p in (p for g in opt.muon.param_groups for p in g["params"]):
             m, n = sorted(p.shape)

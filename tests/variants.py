@@ -21,4 +21,7 @@ OPTIMIZERS = {  # every optimiser, at an lr that trains the tiny test models
     "adafactor": {"name": "adafactor", "lr": 1e-2},
     "lion": {"name": "lion", "lr": 3e-4, "betas": [0.9, 0.99]},
     "signsgd": {"name": "signsgd", "lr": 3e-4},
+    "rotated_adafactor": {"name": "rotated_adafactor", "lr": 3e-2},
+    "rotated_lion": {"name": "rotated_lion", "lr": 3e-4, "betas": [0.9, 0.99]},
+    "rotated_signsgd": {"name": "rotated_signsgd", "lr": 3e-4},
 }

@@ -5,7 +5,8 @@ related ones, and every module here is loaded below, so a new optimiser is a new
 - adam.py (adam: torch AdamW), sgd.py (sgd: torch SGD), adafactor.py (adafactor),
 - rotated_adam.py (rotated_adam: Adam in a fixed random basis), soap.py (soap: Adam in
   Shampoo's eigenbasis), muon.py (muon: Muon on hidden matrices, muon_ends on the rest),
-- sign.py (lion, signsgd).
+- sign.py (lion, signsgd), twins.py (rotated_adafactor, rotated_lion, rotated_signsgd: each
+  per-coordinate rule in a fixed random basis, rules.rotated_basis.RotatedBasis).
 
 Each module defines its optimiser's config class (an OptimizerConfig subclass: its fields, their
 checks, its runs columns) and registers it with its builder.
@@ -34,10 +35,11 @@ if TYPE_CHECKING:
     from study.optim.rules.lion import Lion
     from study.optim.rules.muon import MuonAdamW, muon_adamw
     from study.optim.rules.rotated_adam import RotatedAdam
+    from study.optim.rules.rotated_basis import RotatedBasis
     from study.optim.rules.soap import SOAP
 
 __all__ = [
-    "Lion", "MuonAdamW", "OPTIMIZER_FAMILY", "RotatedAdam", "SOAP", "build_optimizer", "decay_groups", "index_dims",
+    "Lion", "MuonAdamW", "OPTIMIZER_FAMILY", "RotatedAdam", "RotatedBasis", "SOAP", "build_optimizer", "decay_groups", "index_dims",
     "muon_adamw",
 ]  # fmt: skip
 
@@ -64,7 +66,7 @@ def build_optimizer(cfg: Trial, model: nn.Module) -> torch.optim.Optimizer | Muo
 
 _RULES = {
     "decay_groups": "groups", "index_dims": "groups", "Lion": "lion", "MuonAdamW": "muon", "muon_adamw": "muon",
-    "RotatedAdam": "rotated_adam", "SOAP": "soap",
+    "RotatedAdam": "rotated_adam", "SOAP": "soap", "RotatedBasis": "rotated_basis",
 }  # fmt: skip
 
 
