@@ -101,7 +101,8 @@ class Family(StrEnum):
 FAMILY_MEANING: dict[Family, str] = {
     Family.PER_COORDINATE: "every parameter's update is per coordinate of the stored basis (adam, adafactor, lion, signsgd)",
     Family.ROTATION_EQUIVARIANT: "rotating the basis rotates the whole run (sgd; muon with sgd ends)",
-    Family.FIXED_RANDOM_BASIS: "Adam in a fixed Haar-random basis per parameter (rotated_adam; muon with rotated_adam ends)",
+    Family.FIXED_RANDOM_BASIS: ("a per-coordinate rule in a fixed Haar-random basis per parameter (rotated_adam, "
+                                "rotated_adafactor, rotated_lion, rotated_signsgd; muon with rotated_adam ends)"),
     Family.ADAPTIVE_BASIS: "Adam in Shampoo's eigenbasis (soap, with soap_vectors: shampoo or no per-coordinate gain vectors)",
     Family.MIXED: ("some parameters in the residual basis per coordinate, the rest not: muon with adamw ends (embeddings, "
                    "unembedding, gains), soap with layernorm/rmsnorm gains (trained by plain Adam)"),

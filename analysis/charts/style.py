@@ -41,11 +41,15 @@ OPTIMIZER_COLORS = {
     "lion": OKABE_ITO["sky_blue"],
     "signsgd": OKABE_ITO["black"],
     "adafactor": "#8C6D1F",  # dark ochre: Okabe-Ito yellow is unreadable as a thin line
+    # the rotated twins (study/optim/twins.py): fixed, so a twin reads the same in every chart
+    "rotated_lion": "#6A3D9A",
+    "rotated_signsgd": "#999999",
+    "rotated_adafactor": "#B15928",
 }
 FAMILY_ORDER = ("per_coordinate", "mixed", "rotation_equivariant", "fixed_random_basis", "adaptive_basis")
 """The runs column `optimizer_family`'s values (study/optim/registry.py FAMILIES), in the order
 their panels appear; tests/test_registry.py holds the two sets equal."""
-_SPARE = ["#999999", "#6A3D9A", "#B15928", "#1F78B4", "#33A02C"]
+_SPARE = ["#1F78B4", "#33A02C", "#FB9A99", "#CAB2D6", "#FDBF6F"]
 
 METRIC_TITLES = {
     "kurtosis": "Kurtosis (Gaussian = 3)",
