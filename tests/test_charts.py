@@ -197,7 +197,10 @@ def test_palette_helpers() -> None:
     assert scale["domain"] == ["adam", "sgd", "zeta"]  # known optimisers first, fixed order
     assert scale["range"][:2] == ["#D55E00", "#0072B2"]
     assert scale["range"][2] not in charts.OPTIMIZER_COLORS.values()
-    assert set(charts.OKABE_ITO.values()) >= {c for c in charts.OPTIMIZER_COLORS.values() if c != "#8C6D1F"}
+    twins = {"rotated_lion", "rotated_signsgd", "rotated_adafactor"}  # colours of their own, outside Okabe-Ito's 8
+    assert set(charts.OKABE_ITO.values()) >= {c for n, c in charts.OPTIMIZER_COLORS.items()
+                                              if c != "#8C6D1F" and n not in twins}
+    assert len(set(charts.OPTIMIZER_COLORS.values())) == len(charts.OPTIMIZER_COLORS)  # one colour, one optimiser
     assert charts.format_count(1_234_567) == "1.23M"
     assert charts.format_count(50_000) == "50k"
     assert charts.format_count(12) == "12"
