@@ -77,9 +77,9 @@ def sweep_store(folder: str):
     return ResultsStore.at(folder)
 
 
-def refuse_damaged(store, verb: str, *, rows: bool = True) -> None:
-    """Exit 2 naming every problem of the store's health check (damaged files; with `rows`,
-    incomplete trials too): `verb` would read damaged or incomplete data as whole."""
+def refuse_damaged(store, verb: str, *, rows: bool = True, pages: bool | None = None) -> None:
+    """Exit 2 naming every problem of the store's health check (damaged files, keys repeated;
+    with `rows`, incomplete trials too): `verb` would read damaged, doubled or incomplete data."""
     from sweep.store_health import check
 
-    refuse(check(store, rows=rows).refusal(verb, store.uri))
+    refuse(check(store, rows=rows, pages=pages).refusal(verb, store.uri))

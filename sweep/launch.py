@@ -298,7 +298,9 @@ def run_sweep(
     `launch_deadline` (epoch seconds): a trial whose turn comes later returns without training
     (SweepOutcome.not_started); those running then finish."""
     t0 = time.perf_counter()
-    with store.writing("sweep run") as notes:  # LockHeld (exit 2) when another writer holds this sweep
+    from sweep.store_health import load_error
+
+    with store.writing("sweep run", load_check=load_error) as notes:  # LockHeld (exit 2) when another writer holds this sweep
         for note in notes:
             print(f"warning: {note}", file=sys.stderr)
         if reuse is not None:

@@ -255,3 +255,34 @@ def test_a_real_full_disk_is_named_and_a_rerun_with_space_repairs_it(reference, 
         assert not [p for p in disk.rglob("run.lock*")]
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def corrupt_a_page(part: Path) -> Path:
+    """Zero the middle of the last column's data (a data page), the footer left intact."""
+    import pyarrow.parquet as pq
+
+    col = pq.read_metadata(part).row_group(0).column(pq.read_metadata(part).num_columns - 1)
+    start = col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset
+    data = bytearray(part.read_bytes())
+    mid = start + col.total_compressed_size // 2
+    data[mid - 16 : mid + 16] = bytes(32)
+    part.write_bytes(bytes(data))
+    return part
+
+
+def test_a_copied_part_a_damaged_page_and_a_corrupt_final_pt_are_repaired_by_one_rerun(reference, copy):
+    """Issue 50: a part copied under another name (set aside; its trial stays done), a data page
+    zeroed under an intact footer and a final.pt of random bytes (each trial set aside, trained
+    again): one `sweep run` leaves the store row for row as an uninterrupted run's."""
+    first, second = sorted(ResultsStore(copy.parent, "smoke").completed_ids())
+    shutil.copy(sorted((copy / "metrics").glob(f"{second}.*.parquet"))[0], copy / "metrics" / "copied.parquet")
+    shutil.copy(copy / "runs" / f"{second}.parquet", copy / "runs" / "copied.parquet")
+    page = corrupt_a_page(sorted((copy / "curves").glob(f"{first}.*.parquet"))[0])
+    assert invoke("verify", copy).exit_code == 2
+    (copy / "trials" / second / "final.pt").write_bytes(os.urandom(100))
+    result = invoke("run", SMOKE, "--results", copy.parent)
+    assert result.exit_code == 0, result.output
+    assert "0 already complete, 2 to run" in result.output, result.output
+    assert "copied.parquet" in result.output and page.name in result.output and "final.pt" in result.output
+    assert_same_rows(copy, reference)
+    assert (copy / "quarantine" / "trials" / second / "final.pt").stat().st_size == 100
