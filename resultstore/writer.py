@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -37,7 +38,7 @@ from resultstore.ids import canonical_json
 from resultstore.layout import (
     CHECKPOINT, FINAL_WEIGHTS, PART, DamagedFile, in_parts, table_files, trial_file, trial_of,
 )
-from resultstore.lock import SweepLock
+from resultstore.lock import HOLDING_ENV, SweepLock
 from resultstore.paths import local_write_problem
 from resultstore.schema import ARROW, FINISHED, SCHEMAS, TABLES
 from resultstore.uri import StorageError, first_line
@@ -60,6 +61,9 @@ class ResultsStore:
         self.sweep = sweep
         self.local = not uri.is_remote(self.uri)
         self.fs, self.path = uri.filesystem(self.uri)
+        self.holding: str | None = os.environ.get(HOLDING_ENV) or None
+        """The token of the run.lock this writer works under (set while `writing`; in a trial's
+        worker, from its driver): every write first checks the lock is still that one (LockLost)."""
 
     @classmethod
     def at(cls, folder: str | Path) -> ResultsStore:
@@ -88,6 +92,7 @@ class ResultsStore:
     def _put(self, tmp: str, final: str, data: bytes) -> None:
         """Write `data` to `tmp`, then move it to `final`; a failed write (a full disk) leaves no
         temporary file behind to hold the space."""
+        self.check_held()
         try:
             with self.fs.open_output_stream(tmp) as out:
                 out.write(data)
@@ -98,6 +103,11 @@ class ResultsStore:
             except OSError:
                 pass
             raise
+
+    def check_held(self) -> None:
+        """LockLost when this writer works under a run.lock that another has taken over since."""
+        if self.holding is not None:
+            SweepLock.check(self, self.holding)
 
     def _list(self, table: str) -> list[str]:
         return table_files(self.fs, f"{self.path}/{table}")
@@ -172,6 +182,7 @@ class ResultsStore:
         """Copy the checkpoint rank 0 just wrote into `directory` to the trial's folder in the store,
         atomically (a temporary name, then a move), streamed: how a remote store keeps what a local
         store's trial folder holds, for a multi-worker trial whose retry may start on any node."""
+        self.check_held()
         source = Path(directory) / CHECKPOINT
         final = f"{self.path}/trials/{trial_id}/{CHECKPOINT}"
         if self.local and source.resolve() == Path(final).resolve():
@@ -203,6 +214,7 @@ class ResultsStore:
     def discard(self, trial_id: str, after_step: int | None) -> None:
         """Delete a trial's parts with rows after `after_step` (all of them when None), its other
         files (checks) and, last, its runs row: the state a (re)start from that step must see."""
+        self.check_held()
         for table in filter(in_parts, TABLES):
             for name in self._list(table):
                 m = PART.match(name)
@@ -222,6 +234,7 @@ class ResultsStore:
         stale lock taken over, files moved), one line each."""
         lock = SweepLock(self, command)
         warning = lock.acquire()
+        self.holding = lock.token
         try:
             notes = [warning] if warning else []
             if repair:
@@ -230,6 +243,7 @@ class ResultsStore:
                 notes += repair_.quarantine_incomplete(self)
             yield notes
         finally:
+            self.holding = None
             lock.release()
 
     def trial_dir(self, trial_id: str) -> Path | None:
