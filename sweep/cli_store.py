@@ -39,10 +39,11 @@ def sweep_folder(results: str, *, started: bool = False) -> str:
     ``started``: a sweep whose run began and wrote no rows yet counts (for `sweep status`)."""
     from resultstore.layout import NoSweepError
     from resultstore.reader import find_sweep
+    from resultstore.uri import StorageError
 
     try:
         return find_sweep(results, started=started)
-    except (NoSweepError, OSError) as exc:  # StorageError is a ValueError like NoSweepError
+    except (NoSweepError, StorageError, OSError) as exc:
         raise bad_input(str(exc).splitlines()[0]) from None
 
 
