@@ -39,6 +39,7 @@ __all__ = [
     "NoSweepError",
     "find_sweep",
     "footer_error",
+    "page_error",
     "in_parts",
     "is_sweep_folder",
     "table_files",
@@ -108,6 +109,21 @@ def footer_error(fs: Any, path: str) -> str | None:
         with fs.open_input_file(path) as f:
             pq.ParquetFile(f).schema_arrow
     except Exception as exc:  # pyarrow raises OSError / ArrowInvalid for a bad footer
+        return first_line(exc)
+    return None
+
+
+def page_error(fs: Any, path: str) -> str | None:
+    """Why the Parquet file at ``path`` cannot be read whole (its footer, or any data page: each
+    decoded, and checked against its CRC where the writer stored one), or None when it can."""
+    import pyarrow.parquet as pq
+
+    try:
+        with fs.open_input_file(path) as f:
+            pf = pq.ParquetFile(f, page_checksum_verification=True)
+            for i in range(pf.num_row_groups):
+                pf.read_row_group(i)
+    except Exception as exc:  # OSError / ArrowInvalid / ArrowNotImplementedError for a bad page
         return first_line(exc)
     return None
 

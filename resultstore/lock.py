@@ -14,7 +14,13 @@ from resultstore.layout import LOCK_FILE
 from resultstore.lock_object import MAX_LOCK_BYTES, SweepFolder, lock_object
 from resultstore.uri import StorageError
 
-__all__ = ["LockHeld", "SweepLock", "parse_record", "pid_alive"]
+__all__ = ["HOLDING_ENV", "LockHeld", "LockLost", "SweepLock", "parse_record", "pid_alive", "pid_started"]
+
+HOLDING_ENV = "SWEEP_LOCK_TOKEN"
+"""Set (by sweep.launch) in a trial's worker to its driver's lock token: the worker's store then
+checks, before each write, that the driver still holds the sweep (ResultsStore.holding)."""
+LEASE_ENV = "SWEEP_LOCK_LEASE_S"
+"""Overrides SweepLock.LEASE_S (seconds, >= 1): tests shorten it."""
 
 _FIELDS = {"host": str, "pid": int, "start": (int, float), "expires": (int, float)}
 """A lock record's fields and their types (its token and command are read when present)."""
@@ -22,6 +28,11 @@ _FIELDS = {"host": str, "pid": int, "start": (int, float), "expires": (int, floa
 
 class LockHeld(StorageError):
     """Another writer holds the sweep's lock (one line, naming the holder)."""
+
+
+class LockLost(LockHeld):
+    """This writer's lock was taken over (its lease lapsed while it was paused, on another host's
+    judgement): it must write nothing more."""
 
 
 def parse_record(data: bytes | None, kind: str = "a file") -> dict:
@@ -57,10 +68,13 @@ class SweepLock:
     """run.lock in a sweep's folder: one writer of trial rows at a time (`sweep run`, `sweep
     train`, `sweep probe sae`). Created atomically where none is (resultstore.lock_object: a hard
     link locally, a conditional PUT on S3), with a lease the holder refreshes every LEASE_S / 3
-    from a thread. A lock whose pid is dead on this host, whose lease expired, or that cannot be
-    parsed (not JSON, a field of the wrong type, a folder) is stale: it is taken over with a
-    warning, by a replacement that only one of two takers can win. A folder named run.lock is
-    moved to quarantine/, never deleted."""
+    from a thread. A lock whose pid is dead on this host (or now a later process's), whose lease
+    expired while held from another host, or that cannot be parsed (not JSON, a field of the wrong
+    type, a folder) is stale: it is taken over with a warning, by a replacement that only one of
+    two takers can win. A live holder on this host keeps the lock whatever its lease says (a
+    process stopped by SIGSTOP, a debugger, a suspended laptop). A holder whose heartbeat finds
+    the lock taken says so, and its writes stop (`check`, ResultsStore.holding). A folder named
+    run.lock is moved to quarantine/, never deleted."""
 
     LEASE_S = 120.0
 
@@ -75,11 +89,21 @@ class SweepLock:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._made: list = []
+        self.lost: str | None = None
+        """Why this writer no longer holds the lock (set by the heartbeat), or None."""
+
+    @property
+    def lease_s(self) -> float:
+        """The lease: LEASE_S, or SWEEP_LOCK_LEASE_S where set (at least 1 s)."""
+        try:
+            return max(1.0, float(os.environ[LEASE_ENV]))
+        except (KeyError, ValueError):
+            return self.LEASE_S
 
     def _record(self) -> bytes:
         now = time.time()
         return json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "start": getattr(self, "_start", now),
-                           "expires": now + self.LEASE_S, "token": self.token, "command": self.command}).encode()
+                           "expires": now + self.lease_s, "token": self.token, "command": self.command}).encode()
 
     def _snapshot(self):
         try:
@@ -106,8 +130,13 @@ class SweepLock:
         """Why `rec` no longer holds the sweep (None while it does)."""
         if rec.get("problem"):
             return "a lock that cannot be parsed is treated as stale"
-        if rec.get("host") == socket.gethostname() and not pid_alive(rec["pid"]):
-            return f"its process {rec['pid']} is gone"
+        if rec.get("host") == socket.gethostname():  # the pid says, not the lease
+            if not pid_alive(rec["pid"]):
+                return f"its process {rec['pid']} is gone"
+            started = pid_started(rec["pid"])
+            if started is not None and started > rec.get("start", 0) + 2:
+                return f"its pid {rec['pid']} now belongs to a later process"
+            return None
         if rec.get("expires", 0) < time.time():
             return "its lease expired"
         return None
@@ -166,14 +195,32 @@ class SweepLock:
         return f"{folder}/{LOCK_FILE}.{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
     def _heartbeat(self) -> None:
-        while not self._stop.wait(self.LEASE_S / 3):
+        import sys
+
+        while not self._stop.wait(self.lease_s / 3):
             try:
                 version = self._lock.refresh(self._record(), self._version)
             except OSError:
                 continue  # a full disk or a lost connection: the lease may lapse; the next beat tries again
-            if version is None:
-                return  # taken over (we were presumed dead): never overwrite the new holder
+            if version is None:  # taken over (we were presumed dead): never overwrite the new holder
+                holder = self.holder()
+                self.lost = (f"{self.store.uri}/{LOCK_FILE} was taken over"
+                             + (f" by {self.describe(holder)}" if holder else "")
+                             + " while this run was paused past its lease; its trials stop before their next write")
+                self._version = None
+                print(f"warning: {self.lost}", file=sys.stderr, flush=True)
+                return
             self._version = version
+
+    @classmethod
+    def check(cls, store: SweepFolder, token: str) -> None:
+        """LockLost unless the sweep's lock is still the one with `token` (a write is about to be made)."""
+        lock = cls(store)
+        rec = lock.holder()
+        if rec is None or rec.get("token") != token:
+            who = "nobody" if rec is None else cls.describe(rec)
+            raise LockLost(f"{store.uri}/{LOCK_FILE} is no longer this run's (now held by {who}): it was taken "
+                           "over while this run was paused past its lease; nothing more is written")
 
     def release(self) -> None:
         self._stop.set()
@@ -197,6 +244,18 @@ class SweepLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def pid_started(pid: int) -> float | None:
+    """When process `pid` started (epoch seconds; Linux /proc), or None where it cannot be told."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
 
 
 def pid_alive(pid: int) -> bool:

@@ -37,8 +37,27 @@ def output_problem(option: str, target: str | None, *, whole_folder: bool = Fals
         return None
     if not str(target).strip():
         return f"{option} {target!r}: names no folder or URI (give one; '.' is the current folder)"
-    why = writes_into_a_sweep(target, whole_folder=whole_folder)
+    why = uri.location_problem(target) or _local_target_problem(str(target))
+    if why is None:
+        why = writes_into_a_sweep(target, whole_folder=whole_folder)
     return f"{option} {target}: {why}" if why is not None else None
+
+
+def _local_target_problem(text: str) -> str | None:
+    """Why a local output path (file or folder) is no place to write: under /proc, /sys or /dev,
+    something that exists and is neither a regular file nor a folder (a FIFO would block the
+    writer for ever), or a new path whose first existing ancestor refuses a new entry."""
+    if uri.is_remote(text):
+        return None
+    real = os.path.realpath(os.path.expanduser(text))
+    system = next((d for d in ("/proc", "/sys", "/dev") if real == d or real.startswith(d + "/")), None)
+    if system is not None:
+        return f"it resolves to {real}, under {system}: not a place for output"
+    kind = file_kind(real)
+    if kind == "missing":
+        problem = local_write_problem(os.path.dirname(real))
+        return problem.split(": ", 1)[1] if problem else None
+    return None if kind in ("a file", "a folder") else f"it is {kind}, not a regular file or folder"
 
 
 def writes_into_a_sweep(target: Any, *, whole_folder: bool = False) -> str | None:

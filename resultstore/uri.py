@@ -15,6 +15,7 @@ pyarrow's filesystem lists and writes; Polars' ``scan_parquet`` gets the same en
 from __future__ import annotations
 
 import os
+import re
 import threading
 from typing import Any
 
@@ -32,6 +33,7 @@ __all__ = [
     "normalize",
     "parent",
     "s3_endpoint",
+    "location_problem",
     "scheme",
     "storage_options",
 ]
@@ -61,9 +63,34 @@ def is_remote(path: str | os.PathLike[str]) -> bool:
     return scheme(path) is not None
 
 
-def normalize(path: str | os.PathLike[str]) -> str:
-    """A URI without trailing slash, or an absolute local path (trials chdir into Ray's folders)."""
+def location_problem(path: str | os.PathLike[str]) -> str | None:
+    """The one rule for a results location given by the user: why it names none (empty, a scheme
+    not supported, a URI without a bucket, `s3:bucket` missing its //), or None."""
     text = os.fspath(path)
+    if not text.strip():
+        return "empty: name a folder or an s3:// / gs:// URI"
+    if "\x00" in text:
+        return "holds a NUL character"
+    m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*):", text)
+    if m and "://" not in text[: len(m[0]) + 2] and m[1].lower() in REMOTE_SCHEMES:
+        return f"looks like a URI without its //: write {m[1]}://{text[len(m[0]):].lstrip('/')}"
+    s = scheme(text)
+    if s is None:
+        return None
+    if s not in REMOTE_SCHEMES:
+        return f"scheme {s}:// is not supported (s3://, gs://, or a local path)"
+    if not text.split("://", 1)[1].split("/", 1)[0].strip():
+        return f"no bucket: write {s}://<bucket>/<folder>"
+    return None
+
+
+def normalize(path: str | os.PathLike[str]) -> str:
+    """A URI without trailing slash, or an absolute local path (trials chdir into Ray's folders).
+    StorageError when it names no location (location_problem)."""
+    text = os.fspath(path)
+    problem = location_problem(text)
+    if problem is not None:
+        raise StorageError(f"{text!r}: {problem}" if not text.strip() else f"{text}: {problem}")
     if is_remote(text):
         return text.rstrip("/")
     return os.path.abspath(os.path.expanduser(text.removeprefix("file://")))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -32,12 +33,12 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from resultstore import uri
+from resultstore import repair as repair_, uri
 from resultstore.ids import canonical_json
 from resultstore.layout import (
     CHECKPOINT, FINAL_WEIGHTS, PART, DamagedFile, in_parts, table_files, trial_file, trial_of,
 )
-from resultstore.lock import SweepLock
+from resultstore.lock import HOLDING_ENV, SweepLock
 from resultstore.paths import local_write_problem
 from resultstore.schema import ARROW, FINISHED, SCHEMAS, TABLES
 from resultstore.uri import StorageError, first_line
@@ -60,6 +61,9 @@ class ResultsStore:
         self.sweep = sweep
         self.local = not uri.is_remote(self.uri)
         self.fs, self.path = uri.filesystem(self.uri)
+        self.holding: str | None = os.environ.get(HOLDING_ENV) or None
+        """The token of the run.lock this writer works under (set while `writing`; in a trial's
+        worker, from its driver): every write first checks the lock is still that one (LockLost)."""
 
     @classmethod
     def at(cls, folder: str | Path) -> ResultsStore:
@@ -82,12 +86,13 @@ class ResultsStore:
         self.fs.create_dir(parent, recursive=True)
         tmp = f"{parent}/.tmp-{uuid.uuid4().hex}.parquet"
         buf = io.BytesIO()
-        pq.write_table(table, buf)
+        pq.write_table(table, buf, write_page_checksum=True)  # a damaged data page is then found (verify)
         self._put(tmp, final, buf.getvalue())
 
     def _put(self, tmp: str, final: str, data: bytes) -> None:
         """Write `data` to `tmp`, then move it to `final`; a failed write (a full disk) leaves no
         temporary file behind to hold the space."""
+        self.check_held()
         try:
             with self.fs.open_output_stream(tmp) as out:
                 out.write(data)
@@ -98,6 +103,11 @@ class ResultsStore:
             except OSError:
                 pass
             raise
+
+    def check_held(self) -> None:
+        """LockLost when this writer works under a run.lock that another has taken over since."""
+        if self.holding is not None:
+            SweepLock.check(self, self.holding)
 
     def _list(self, table: str) -> list[str]:
         return table_files(self.fs, f"{self.path}/{table}")
@@ -172,6 +182,7 @@ class ResultsStore:
         """Copy the checkpoint rank 0 just wrote into `directory` to the trial's folder in the store,
         atomically (a temporary name, then a move), streamed: how a remote store keeps what a local
         store's trial folder holds, for a multi-worker trial whose retry may start on any node."""
+        self.check_held()
         source = Path(directory) / CHECKPOINT
         final = f"{self.path}/trials/{trial_id}/{CHECKPOINT}"
         if self.local and source.resolve() == Path(final).resolve():
@@ -203,6 +214,7 @@ class ResultsStore:
     def discard(self, trial_id: str, after_step: int | None) -> None:
         """Delete a trial's parts with rows after `after_step` (all of them when None), its other
         files (checks) and, last, its runs row: the state a (re)start from that step must see."""
+        self.check_held()
         for table in filter(in_parts, TABLES):
             for name in self._list(table):
                 m = PART.match(name)
@@ -215,15 +227,23 @@ class ResultsStore:
                 self.fs.delete_file(path)
 
     @contextmanager
-    def writing(self, command: str, *, repair: bool = True):
+    def writing(self, command: str, *, repair: bool = True, load_check: repair_.LoadCheck | None = None):
         """Hold run.lock as `command` (LockHeld when another writer holds it); with `repair`, move
-        damaged files and incomplete trials to quarantine/ first. Yields the warnings (a stale
-        lock taken over, files moved), one line each."""
+        to quarantine/ first: damaged files (every page read), files repeating another's keys,
+        checkpoints `load_check` cannot load, then trials left incomplete. Yields the warnings (a
+        stale lock taken over, files moved), one line each."""
         lock = SweepLock(self, command)
         warning = lock.acquire()
+        self.holding = lock.token
         try:
-            yield ([warning] if warning else []) + (self.quarantine() + self.quarantine_incomplete() if repair else [])
+            notes = [warning] if warning else []
+            if repair:
+                notes += repair_.quarantine(self) + repair_.quarantine_duplicates(self)
+                notes += repair_.quarantine_weights(self, load_check) if load_check else []
+                notes += repair_.quarantine_incomplete(self)
+            yield notes
         finally:
+            self.holding = None
             lock.release()
 
     def trial_dir(self, trial_id: str) -> Path | None:
@@ -258,44 +278,15 @@ class ResultsStore:
         """Trials that need no more work: done or diverged (failed ones are retried)."""
         return {t for t, s in self.statuses().items() if s in FINISHED}
 
-    def damaged(self) -> list[tuple[str, str, str]]:
+    def damaged(self, pages: bool = False) -> list[tuple[str, str, str]]:
         """(table, file name, reason) for every file whose footer or schema is unreadable or does
-        not match the contract. Reads footers only."""
-        bad = []
-        for table in TABLES:
-            want = ARROW[table]
-            for name in self._list(table):
-                try:
-                    with self.fs.open_input_file(f"{self.path}/{table}/{name}") as f:
-                        footer = pq.ParquetFile(f)
-                        schema = footer.schema_arrow
-                    if table == "runs" and footer.metadata.num_rows != 1:  # e.g. a copy of the table put there
-                        raise ValueError(f"holds {footer.metadata.num_rows} rows; a runs file holds its trial's one "
-                                         "row, written by `sweep run`")
-                    # a file of another table (a sweep nested in this one's metrics/) lacks its keys
-                    missing = [c for c in ("trial_id", "step") if c in want.names and c not in schema.names]
-                    clash = [c for c in schema.names if c in want.names and schema.field(c).type != want.field(c).type
-                             and not pa.types.is_null(schema.field(c).type)]
-                    if missing or clash:
-                        raise ValueError(f"schema: missing {missing} / wrong type {clash}")
-                except (OSError, ValueError, pa.ArrowException) as exc:
-                    bad.append((table, name, first_line(exc)))
-        return bad
+        not match the contract; with `pages`, whose data pages cannot all be read too."""
+        return repair_.damaged(self, pages=pages)
 
-    def quarantine(self) -> list[str]:
-        """Move every damaged file to quarantine/, with its trial's runs row and checkpoint, so
-        the trial is incomplete and runs again from the start. Returns one line per file moved."""
-        moved = []
-        for table, name, reason in self.damaged():
-            trial = trial_of(name)
-            self._move_aside(f"{table}/{name}")
-            moved.append(f"{self.uri}/{table}/{name}: damaged ({reason}); moved to "
-                         f"{self.uri}/quarantine/{table}/ and trial {trial} will run again")
-            if table != "runs" and self.fs.get_file_info(f"{self.path}/runs/{trial}.parquet").type == pafs.FileType.File:
-                self._move_aside(f"runs/{trial}.parquet")
-            if self.fs.get_file_info(f"{self.path}/trials/{trial}/{CHECKPOINT}").type == pafs.FileType.File:
-                self._move_aside(f"trials/{trial}/{CHECKPOINT}")
-        return moved
+    def quarantine(self, pages: bool = True) -> list[str]:
+        """Move every damaged file (every page read) to quarantine/, with its trial's runs row and
+        checkpoint, so the trial runs again from the start. One line per file moved."""
+        return repair_.quarantine(self, pages=pages)
 
     def _move_aside(self, rel: str) -> str:
         """Move `rel` to quarantine/ (never over an earlier one); returns where it went."""
@@ -319,10 +310,10 @@ class ResultsStore:
         listing = self.fs.get_file_info(pafs.FileSelector(f"{self.path}/trials", allow_not_found=True))
         return {i.base_name for i in listing if i.type == pafs.FileType.Directory}
 
-    def status(self, verify: bool = False) -> StoreStatus:
+    def status(self, verify: bool = False, pages: bool = False) -> StoreStatus:
         """What `sweep status` shows: the runs, trials started with no result, the lock's holder,
-        and (with verify, or when the runs table is unreadable) the damaged files and rows missing."""
-        damaged = self.damaged()
+        the damaged files (with `pages`, every page read) and, with verify, the rows missing."""
+        damaged = self.damaged(pages)
         runs = self.read("runs") if not any(t == "runs" for t, _, _ in damaged) else _readable(self, "runs")
         unfinished = sorted(self.started_ids() - set(runs["trial_id"].to_list()))
         gaps = self.row_gaps(runs) if verify and not damaged else []  # a damaged file is named once, above
@@ -374,20 +365,9 @@ class ResultsStore:
         return gaps
 
     def quarantine_incomplete(self) -> list[str]:
-        """Move what is left of every done trial whose rows do not cover its steps (its runs row,
-        parts, checks and checkpoint) to quarantine/, so it runs again from the start. Call after
-        quarantine(): reads every file. Returns one line per trial."""
-        moved = []
-        for trial, why in self.gaps_by_trial(self.read("runs")).items():
-            for table in TABLES:
-                for name in self._list(table):
-                    if trial_of(name) == trial:
-                        self._move_aside(f"{table}/{name}")
-            if self.fs.get_file_info(f"{self.path}/trials/{trial}/{CHECKPOINT}").type == pafs.FileType.File:
-                self._move_aside(f"trials/{trial}/{CHECKPOINT}")
-            moved.append(f"{self.uri}: trial {trial} is incomplete ({'; '.join(why)}); moved what is left of it "
-                         f"to {self.uri}/quarantine/ and it will run again")
-        return moved
+        """Move what is left of every done trial whose rows do not cover its steps to quarantine/
+        (resultstore.repair.quarantine_incomplete). One line per trial."""
+        return repair_.quarantine_incomplete(self)
 
 
 def _readable(store: ResultsStore, table: str) -> pl.DataFrame:

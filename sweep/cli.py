@@ -264,12 +264,14 @@ def status(
 
     from resultstore.lock import SweepLock
     from sweep.launch import ladder_divergences, store_full
-    from sweep.store_health import check, tune_errors
+    from sweep.store_health import REPAIR, check, tune_errors
 
     store = sweep_store(sweep_folder(results, started=True))
-    health = check(store, rows=verify)
+    health = check(store, rows=verify, weights=verify)
     st = health.status
-    gaps = [] if st.damaged else health.problems
+    damage, gaps = health.problems[:health.damage], health.problems[health.damage:]
+    if st.damaged:  # named below, each with its reason; a checkpoint that cannot be loaded is named here
+        damage = [p for p in damage if "damaged Parquet file" not in p]
     runs = st.runs
     ladder = ladder_divergences(runs)
     shown = runs.with_columns(pl.when(pl.col("trial_id").is_in(sorted(ladder))).then(pl.lit("diverged (ladder)"))
@@ -306,8 +308,13 @@ def status(
         out.print(f"[yellow]started, no result[/] {trial_id}: {why} (`sweep run` re-runs it)", highlight=False)
     for gap in gaps:
         out.print(f"[red]incomplete rows[/] {q(gap)}", highlight=False)
+    for line in damage:  # keys repeated, checkpoints that cannot be loaded: the rows read are wrong
+        err.print(f"[bold red]error:[/] {q(line)}", highlight=False, soft_wrap=True)
+    if damage and not st.damaged:
+        err.print(REPAIR, highlight=False, soft_wrap=True)
+        raise typer.Exit(2)
     if verify and not gaps and not st.damaged:
-        out.print(f"verified: every file readable, rows of {runs.filter(runs['status'] == 'done').height} done "
+        out.print(f"verified: every file readable (every page), no key repeated, every checkpoint loads, rows of {runs.filter(runs['status'] == 'done').height} done "
                   "trials cover their steps", highlight=False)
     if st.damaged:
         for table_name, name, why in st.damaged:
@@ -343,6 +350,7 @@ def train_one(
     from resultstore.writer import StoreSink
     from sweep.grid import select
     from sweep.spec import SpecError
+    from sweep.store_health import load_error
     from sweep.trainable import train_trial
 
     spec, trials = load(spec_path)
@@ -364,7 +372,7 @@ def train_one(
                   highlight=False)
 
     try:
-        with store.writing("sweep train") as notes:  # LockHeld (exit 2) beside a running `sweep run`
+        with store.writing("sweep train", load_check=load_error) as notes:  # LockHeld (exit 2) beside a running `sweep run`
             for note in notes:
                 err.print(f"[yellow]warning:[/] {q(note)}", highlight=False, soft_wrap=True)
             summary = train_trial(cfg, store, StoreSink(store, cfg.trial_id, on_progress=show))
@@ -445,7 +453,7 @@ def query(
         raise bad_input(f"query: {exc}") from None
     folder = sweep_folder(results)
     refuse(output_problem("--out", out_file))
-    refuse_damaged(sweep_store(folder), "query", rows=False)  # a readable but incomplete store is a fair thing to query
+    refuse_damaged(sweep_store(folder), "query", rows=False, pages=True)  # readable but incomplete: fair to query
     try:
         frame = run_sql(load_results(folder), sql)
     except (pl.exceptions.PolarsError, ValueError, OSError) as exc:

@@ -34,8 +34,10 @@ def next_ladders(
     from sweep.store_health import REPAIR, check as check_store
 
     spec, trials = load(spec_path, unprepared_ok=True)
-    if out_dir is not None:
-        refuse(_out_problem(out_dir, HEADER))
+    if out_dir is not None:  # the one rule for written paths (resultstore.paths), then: a folder
+        from resultstore.paths import output_problem
+
+        refuse(output_problem("--out", str(out_dir)) or _out_problem(out_dir, HEADER))
     store = open_store(results, spec.name)
     health = check_store(store)
     refuse(health.refusal("next", store.uri) if health.damaged else None)

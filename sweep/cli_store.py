@@ -39,10 +39,11 @@ def sweep_folder(results: str, *, started: bool = False) -> str:
     ``started``: a sweep whose run began and wrote no rows yet counts (for `sweep status`)."""
     from resultstore.layout import NoSweepError
     from resultstore.reader import find_sweep
+    from resultstore.uri import StorageError
 
     try:
         return find_sweep(results, started=started)
-    except (NoSweepError, OSError) as exc:  # StorageError is a ValueError like NoSweepError
+    except (NoSweepError, StorageError, OSError) as exc:
         raise bad_input(str(exc).splitlines()[0]) from None
 
 
@@ -77,9 +78,9 @@ def sweep_store(folder: str):
     return ResultsStore.at(folder)
 
 
-def refuse_damaged(store, verb: str, *, rows: bool = True) -> None:
-    """Exit 2 naming every problem of the store's health check (damaged files; with `rows`,
-    incomplete trials too): `verb` would read damaged or incomplete data as whole."""
+def refuse_damaged(store, verb: str, *, rows: bool = True, pages: bool | None = None) -> None:
+    """Exit 2 naming every problem of the store's health check (damaged files, keys repeated;
+    with `rows`, incomplete trials too): `verb` would read damaged, doubled or incomplete data."""
     from sweep.store_health import check
 
-    refuse(check(store, rows=rows).refusal(verb, store.uri))
+    refuse(check(store, rows=rows, pages=pages).refusal(verb, store.uri))

@@ -298,7 +298,9 @@ def run_sweep(
     `launch_deadline` (epoch seconds): a trial whose turn comes later returns without training
     (SweepOutcome.not_started); those running then finish."""
     t0 = time.perf_counter()
-    with store.writing("sweep run") as notes:  # LockHeld (exit 2) when another writer holds this sweep
+    from sweep.store_health import load_error
+
+    with store.writing("sweep run", load_check=load_error) as notes:  # LockHeld (exit 2) when another writer holds this sweep
         for note in notes:
             print(f"warning: {note}", file=sys.stderr)
         if reuse is not None:
@@ -326,8 +328,6 @@ def _run_locked(spec, trials, store, address, max_concurrent, num_cpus, on_start
     ray = _init_ray(address, num_cpus)
     from ray import tune
 
-    from sweep.trainable import run_trial
-
     check_resources(ray, demands, autoscaling=bool(address or os.environ.get("RAY_ADDRESS")))
 
     def resources(config: dict):
@@ -342,6 +342,7 @@ def _run_locked(spec, trials, store, address, max_concurrent, num_cpus, on_start
         "results": store.root,  # each worker opens its own store from it
         "cwd": os.getcwd(),  # relative paths in the spec (data.text, data.tokens) mean what they meant here
         "launch_deadline": launch_deadline,
+        "lock_token": store.holding,  # each write checks the driver still holds the sweep
         "point": tune.grid_search([
             {"trial": t.model_dump_json(), "trial_id": t.trial_id, "resources": demands[t.trial_id]}
             for t in todo
@@ -349,7 +350,7 @@ def _run_locked(spec, trials, store, address, max_concurrent, num_cpus, on_start
     }
 
     tuner = tune.Tuner(
-        tune.with_resources(run_trial, lambda config: resources(config["point"])),
+        tune.with_resources(run_holding, lambda config: resources(config["point"])),
         param_space=param_space,
         tune_config=tune.TuneConfig(
             max_concurrent_trials=max_concurrent,
@@ -381,6 +382,20 @@ def _run_locked(spec, trials, store, address, max_concurrent, num_cpus, on_start
     not_started = frozenset(t for t, last in tune_points if last.get("not_started") and launched.get(t) == "missing")
     return SweepOutcome(len(trials), len(trials) - len(todo), len(todo), launched, time.perf_counter() - t0,
                         tuple(notes), ladder, not_started)
+
+
+def run_holding(config: dict) -> None:
+    """sweep.trainable.run_trial under the driver's run.lock: every write of the trial's store first
+    checks the lock is still the driver's (a driver paused past its lease and taken over stops)."""
+    from resultstore.lock import HOLDING_ENV
+    from sweep.trainable import run_trial
+
+    if config.get("lock_token"):
+        os.environ[HOLDING_ENV] = config["lock_token"]
+    try:
+        run_trial(config)
+    finally:
+        os.environ.pop(HOLDING_ENV, None)
 
 
 def _fit(tuner):

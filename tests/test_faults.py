@@ -255,3 +255,69 @@ def test_a_real_full_disk_is_named_and_a_rerun_with_space_repairs_it(reference, 
         assert not [p for p in disk.rglob("run.lock*")]
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def corrupt_a_page(part: Path) -> Path:
+    """Zero the middle of the last column's data (a data page), the footer left intact."""
+    import pyarrow.parquet as pq
+
+    col = pq.read_metadata(part).row_group(0).column(pq.read_metadata(part).num_columns - 1)
+    start = col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset
+    data = bytearray(part.read_bytes())
+    mid = start + col.total_compressed_size // 2
+    data[mid - 16 : mid + 16] = bytes(32)
+    part.write_bytes(bytes(data))
+    return part
+
+
+def test_a_copied_part_a_damaged_page_and_a_corrupt_final_pt_are_repaired_by_one_rerun(reference, copy):
+    """Issue 50: a part copied under another name (set aside; its trial stays done), a data page
+    zeroed under an intact footer and a final.pt of random bytes (each trial set aside, trained
+    again): one `sweep run` leaves the store row for row as an uninterrupted run's."""
+    first, second = sorted(ResultsStore(copy.parent, "smoke").completed_ids())
+    shutil.copy(sorted((copy / "metrics").glob(f"{second}.*.parquet"))[0], copy / "metrics" / "copied.parquet")
+    shutil.copy(copy / "runs" / f"{second}.parquet", copy / "runs" / "copied.parquet")
+    page = corrupt_a_page(sorted((copy / "curves").glob(f"{first}.*.parquet"))[0])
+    assert invoke("verify", copy).exit_code == 2
+    (copy / "trials" / second / "final.pt").write_bytes(os.urandom(100))
+    result = invoke("run", SMOKE, "--results", copy.parent)
+    assert result.exit_code == 0, result.output
+    assert "0 already complete, 2 to run" in result.output, result.output
+    assert "copied.parquet" in result.output and page.name in result.output and "final.pt" in result.output
+    assert_same_rows(copy, reference)
+    assert (copy / "quarantine" / "trials" / second / "final.pt").stat().st_size == 100
+
+
+def test_a_run_stopped_past_its_lease_keeps_its_lock_and_equals_an_uninterrupted_run(reference, tmp_path):
+    """Issue 50: `sweep run` (its whole process group) SIGSTOPped mid-trial for three leases (the
+    lease shortened to 2 s): a second `sweep run` on this host is refused, as the holder's pid is
+    alive; resumed, the first finishes and the store equals an uninterrupted run's row for row."""
+    spec = tmp_path / "smoke.yaml"
+    spec.write_text(SMOKE.read_text())
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(PYTHONPATH=str(Path(__file__).parent.parent), SWEEP_LOCK_LEASE_S="2")
+    log = tmp_path / "driver.log"
+    with log.open("w") as said:
+        driver = subprocess.Popen([sys.executable, "-m", "sweep.cli", "run", str(spec), "--results", str(tmp_path)],
+                                  stdout=said, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and driver.poll() is None and not list((tmp_path / "smoke").glob("metrics/*.parquet")):
+            time.sleep(0.2)
+        assert driver.poll() is None, f"the run ended before it could be stopped:\n{log.read_text()[-3000:]}"
+        os.killpg(driver.pid, signal.SIGSTOP)
+        time.sleep(6)
+        os.environ["SWEEP_LOCK_LEASE_S"] = "2"
+        try:
+            second = invoke("run", spec, "--results", tmp_path)
+        finally:
+            os.environ.pop("SWEEP_LOCK_LEASE_S")
+        assert second.exit_code == 2 and "another `sweep run` holds this sweep" in second.output, second.output
+        os.killpg(driver.pid, signal.SIGCONT)
+        assert driver.wait(timeout=300) == 0, log.read_text()[-3000:]
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGCONT)
+            driver.kill()
+    assert "taken over" not in log.read_text()
+    assert_same_rows(tmp_path / "smoke", reference)

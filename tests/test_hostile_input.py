@@ -359,10 +359,10 @@ PREPARE = {  # id -> (argv after `data prepare`, given the odd folder; what the 
     "source-fifo": (lambda d: [d / "fifo", "--out", d / "o"], "is a FIFO (named pipe), not a text file or folder"),
     "source-dev-zero": (lambda d: ["/dev/zero", "--out", d / "o"], "is a character device, not a text file or folder"),
     "source-symlink-loop": (lambda d: [d / "loop_a", "--out", d / "o"], "is a symlink loop"),
-    "out-fifo": (lambda d: [d / "src.txt", "--out", d / "fifo"], "is a FIFO (named pipe), not a folder"),
-    "out-symlink-loop": (lambda d: [d / "src.txt", "--out", d / "loop_a"], "is a symlink loop, not a folder"),
-    "out-under-a-device": (lambda d: [d / "src.txt", "--out", "/dev/null/x"], "/dev/null is a character device"),
-    "out-in-proc": (lambda d: [d / "src.txt", "--out", "/proc/x"], "cannot create folders in /proc"),
+    "out-fifo": (lambda d: [d / "src.txt", "--out", d / "fifo"], "is a FIFO (named pipe), not a regular file or folder"),
+    "out-symlink-loop": (lambda d: [d / "src.txt", "--out", d / "loop_a"], "is a symlink loop, not a regular file or folder"),
+    "out-under-a-device": (lambda d: [d / "src.txt", "--out", "/dev/null/x"], "under /dev: not a place for output"),
+    "out-in-proc": (lambda d: [d / "src.txt", "--out", "/proc/x"], "under /proc: not a place for output"),
 }
 
 
@@ -380,3 +380,79 @@ KINDS = (len(SPEC_CASES) + len(SPEC_PATHS) + 3 * len(RESULTS) + len(LINKED_OUT) 
 """Kinds of bad input in this module, counted as test_bad_input counts its own (a spec case once
 though run and plan both try it; a place under each verb that takes it; a lock by status and by
 the takeover)."""
+
+
+# ---- issue 50: one rule for locations (URIs) and for written paths, every verb -----------------
+
+LOCATIONS = {  # id -> (a sweep location or results root, what the message says)
+    "ftp": ("ftp://x/y", "scheme ftp:// is not supported"),
+    "http": ("http://example.com/s", "scheme http:// is not supported"),
+    "s3-no-bucket": ("s3://", "no bucket"),
+    "s3-triple-slash": ("s3:///", "no bucket"),
+    "gs-no-bucket": ("gs://", "no bucket"),
+    "gcs-no-bucket": ("gcs:///x", "no bucket"),
+    "s3-without-slashes": ("s3:bucket/x", "looks like a URI without its //"),
+    "gs-one-slash": ("gs:/bucket", "looks like a URI without its //"),
+    "empty": ("", "empty"),
+    "blank": ("   ", "empty"),
+}
+LOCATION_VERBS = {
+    "status": lambda loc, s: ["status", loc],
+    "verify": lambda loc, s: ["verify", loc],
+    "query": lambda loc, s: ["query", loc, "SELECT 1"],
+    "report": lambda loc, s: ["report", loc],
+    "reuse": lambda loc, s: ["run", s.parent / "spec.yaml", "--results", s.parent, "--reuse", loc, "--dry-run"],
+    "run-results": lambda loc, s: ["run", s.parent / "spec.yaml", "--results", loc],
+    "plan-results": lambda loc, s: ["plan", s.parent / "spec.yaml", "--results", loc],
+}
+_BLANK_RESULTS = "names no folder or URI"  # open_store's own word for an empty --results
+
+
+@pytest.mark.parametrize("verb", list(LOCATION_VERBS))
+@pytest.mark.parametrize("kind", list(LOCATIONS))
+def test_a_location_that_names_no_store_is_refused_by_every_verb(linked, tmp_path, monkeypatch, verb, kind):
+    """Was: `--reuse ftp://x/y` a traceback, `status s3:///` an ArrowInvalid, `--results s3://` a
+    local folder named `s3:` written, `status ""` "no sweep found"."""
+    monkeypatch.chdir(tmp_path)
+    loc, says = LOCATIONS[kind]
+    before = _tree(linked)
+    result = invoke(*LOCATION_VERBS[verb](loc, linked))
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert says in result.output or (verb.endswith("-results") and _BLANK_RESULTS in result.output), result.output
+    assert _tree(linked) == before and not ray_started() and list(tmp_path.iterdir()) == []
+
+
+WRITTEN = {  # id -> (the output path, given the odd folder and the sweep; what the message says)
+    "fifo": (lambda o, s: f"{o}/fifo", "FIFO"),
+    "proc": (lambda o, s: "/proc/x", "under /proc"),
+    "sys": (lambda o, s: "/sys/x", "under /sys"),
+    "under-dev-null": (lambda o, s: "/dev/null/x", "under /dev"),
+    "dev-null": (lambda o, s: "/dev/null", "under /dev"),
+    "sweep-metrics": (lambda o, s: f"{s}/metrics/x", "only `sweep run` writes"),
+    "dotdot-into-trials": (lambda o, s: f"{s}/../{s.name}/trials/x", "only `sweep run` writes"),
+}
+WRITTEN_VERBS = {
+    "query": lambda s, out: ["query", s, "SELECT * FROM runs", "--out", out + (".csv" if "fifo" not in out else "")],
+    "report": lambda s, out: ["report", s, "--out", out],
+    "next": lambda s, out: ["next", s.parent / "spec.yaml", "--results", s.parent, "--out", out],
+}
+
+
+@pytest.mark.parametrize("verb", list(WRITTEN_VERBS))
+@pytest.mark.parametrize("kind", list(WRITTEN))
+def test_a_written_path_is_a_new_path_or_a_regular_file_outside_every_sweep(linked, odd, verb, kind):
+    """One rule for written paths: never a FIFO (the writer would block for ever), a device or
+    /proc, never inside a sweep after realpath, `sweep next` included."""
+    target, says = WRITTEN[kind]
+    out = target(odd, linked)
+    if verb == "query" and kind == "fifo":
+        out = f"{odd}/fifo.csv"
+        if not os.path.exists(out):
+            os.mkfifo(out)
+    before = _tree(linked)
+    result = invoke(*WRITTEN_VERBS[verb](linked, out))
+    assert result.exit_code == 2 and says in result.output and "Traceback" not in result.output, result.output
+    assert _tree(linked) == before
+
+
+KINDS += len(LOCATIONS) * len(LOCATION_VERBS) + len(WRITTEN) * len(WRITTEN_VERBS)

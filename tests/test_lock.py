@@ -134,3 +134,74 @@ def test_train_holds_the_lock_while_it_trains(tmp_path, monkeypatch):
     assert result.exit_code == 1 and "No space left on device" in result.output, result.output
     assert seen and seen[0]["command"] == "sweep train" and seen[0]["pid"] == os.getpid()
     assert SweepLock(ResultsStore(tmp_path, "smoke")).holder() is None
+
+
+# ---- issue 50: a live holder keeps its lock; a holder that lost it writes nothing more ---------
+
+HOLD = """
+import sys, time
+from resultstore.lock import SweepLock
+from resultstore.writer import ResultsStore
+lock = SweepLock(ResultsStore(sys.argv[1], "s"))
+lock.acquire()
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_holder_stopped_past_its_lease_on_this_host_keeps_the_lock(tmp_path, monkeypatch):
+    """SIGSTOP for three leases: its pid is alive on this host, so the lock is still its own."""
+    import signal
+
+    monkeypatch.setenv("SWEEP_LOCK_LEASE_S", "1")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        os.kill(holder.pid, signal.SIGSTOP)
+        time.sleep(3.5)  # the lease (1 s) lapsed three times over, no heartbeat meanwhile
+        rec = SweepLock(ResultsStore(tmp_path, "s")).holder()
+        assert rec["pid"] == holder.pid and rec["expires"] < time.time()
+        assert SweepLock.stale(rec) is None
+        with pytest.raises(LockHeld, match=f"pid {holder.pid}"):
+            SweepLock(ResultsStore(tmp_path, "s")).acquire()
+        status = runner.invoke(app, ["status", str(tmp_path / "s")])
+        assert "a run is in progress" in status.output, status.output
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)
+        holder.kill()
+        holder.wait()
+    assert "is gone" in SweepLock.stale(SweepLock(ResultsStore(tmp_path, "s")).holder())
+
+
+def test_a_lock_whose_pid_now_belongs_to_a_later_process_is_stale(tmp_path):
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "run.lock").write_text(json.dumps(  # our pid, but a lock taken long before we started
+        {"host": socket.gethostname(), "pid": os.getpid(), "start": 1.0e9, "expires": time.time() + 600}))
+    assert "later process" in SweepLock.stale(SweepLock(ResultsStore(tmp_path, "s")).holder())
+
+
+def test_a_holder_whose_lock_is_taken_stops_before_its_next_write_and_says_why(tmp_path, monkeypatch, capfd):
+    """Another host judged the lease expired and took the lock: the heartbeat sees it and says so;
+    the driver's store and a worker's (given the driver's token) refuse to write from then on."""
+    from resultstore.lock import HOLDING_ENV, LockLost
+
+    monkeypatch.setenv("SWEEP_LOCK_LEASE_S", "1")
+    store = ResultsStore(tmp_path, "s")
+    with store.writing("sweep run") as notes:
+        assert notes == []
+        token = store.holding
+        monkeypatch.setenv(HOLDING_ENV, token)
+        worker = ResultsStore(tmp_path, "s")  # a trial's worker, under the driver's lock
+        worker.write_rows("curves", "abc", [{"step": 1, "tokens": 8}])
+        (tmp_path / "s" / "run.lock").write_text(json.dumps(
+            {"host": "elsewhere", "pid": 7, "start": time.time(), "expires": time.time() + 600, "token": "theirs"}))
+        time.sleep(1.0)  # a heartbeat (every lease / 3)
+        assert "was taken over by sweep run: host elsewhere pid 7" in capfd.readouterr().err
+        for writer in (store, worker):
+            with pytest.raises(LockLost, match="host elsewhere pid 7"):
+                writer.write_rows("curves", "abc", [{"step": 2, "tokens": 16}])
+            with pytest.raises(LockLost):
+                writer.write_run({"trial_id": "abc", "status": "failed"})
+    assert sorted(p.name for p in (tmp_path / "s").rglob("*.parquet")) == ["abc.000000001-000000001.parquet"]
+    assert json.loads((tmp_path / "s" / "run.lock").read_text())["token"] == "theirs"  # theirs, not released

@@ -267,3 +267,101 @@ def test_a_checkpoint_between_evals_is_no_gap(tmp_path):
     last.unlink()  # the part after the checkpoint: the evals at 20 and 30
     (trial,) = store.completed_ids()
     assert store.gaps_by_trial(store.read("runs")) == {trial: ["no metrics rows at eval steps [20, 30]"]}
+
+
+# ---- issue 50: keys repeated, a damaged data page, a checkpoint that cannot be loaded ----------
+
+
+def corrupt_a_page(part: Path) -> Path:
+    """Zero the middle of the last column's data (a data page), the footer left intact."""
+    import pyarrow.parquet as pq
+
+    col = pq.read_metadata(part).row_group(0).column(pq.read_metadata(part).num_columns - 1)
+    data = bytearray(part.read_bytes())
+    start = col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset
+    mid = start + col.total_compressed_size // 2
+    data[mid - 16 : mid + 16] = bytes(32)
+    part.write_bytes(bytes(data))
+    pq.read_metadata(part)  # the footer still reads: only the page is damaged
+    return part
+
+
+@pytest.mark.parametrize("table", ["metrics", "runs", "curves", "checks", "dims"])
+def test_a_copied_part_is_named_by_verify_and_refused_by_query_and_report(sweep, table):
+    original = sorted((sweep / table).glob("*.parquet"))[-1]
+    copy = original.with_name("zz-copy.parquet")
+    shutil.copy(original, copy)
+    result = invoke("verify", sweep)
+    assert result.exit_code == 2, result.output
+    assert f"rows of {table} repeat their key" in result.output and copy.name in result.output
+    assert original.name in result.output and "Traceback" not in result.output
+    for args in (["query", sweep, "SELECT count(*) FROM metrics"], ["report", sweep]):
+        refused = invoke(*args)
+        assert refused.exit_code == 2 and copy.name in refused.output and "sweep verify" in refused.output, refused.output
+
+
+def test_writing_sets_aside_only_the_copy_and_the_trial_stays_done(sweep):
+    from sweep.store_health import load_error
+
+    store = ResultsStore(sweep.parent, "smoke")
+    (trial,) = store.completed_ids()
+    before = store.read("metrics").sort("step", "layer", "site", "basis", "metric")
+    shutil.copy(sorted((sweep / "metrics").glob("*.parquet"))[0], sweep / "metrics" / "again.parquet")
+    with store.writing("test", load_check=load_error) as notes:
+        assert len(notes) == 1 and "again.parquet" in notes[0], notes
+    assert store.completed_ids() == {trial}  # nothing left short: nothing re-trained
+    assert (sweep / "quarantine" / "metrics" / "again.parquet").exists()
+    assert store.read("metrics").sort("step", "layer", "site", "basis", "metric").equals(before)
+    assert invoke("verify", sweep).exit_code == 0
+
+
+def test_overlapping_parts_of_the_writer_set_their_trial_aside(sweep):
+    """Two parts both named as the writer names them, whose step ranges overlap (a crash between
+    a part and its discard): neither is the copy, so both go and the trial runs again."""
+    import pyarrow.parquet as pq
+
+    from resultstore import repair
+
+    store = ResultsStore(sweep.parent, "smoke")
+    (trial,) = store.completed_ids()
+    rows = store.read("curves").filter(pl.col("step").is_between(5, 15))
+    pq.write_table(rows.to_arrow(), sweep / "curves" / f"{trial}.000000005-000000015.parquet")
+    assert [d.files for d in repair.duplicates(store)] == [
+        (f"{trial}.000000000-000000010.parquet", f"{trial}.000000005-000000015.parquet"),
+        (f"{trial}.000000005-000000015.parquet", f"{trial}.000000011-000000020.parquet")]
+    moved = repair.quarantine_duplicates(store)
+    assert len(moved) == 3, moved
+    repair.quarantine_incomplete(store)
+    assert store.completed_ids() == set() and not list((sweep / "curves").glob("*.parquet"))
+
+
+@pytest.mark.parametrize("table", ["metrics", "curves"])
+def test_a_damaged_data_page_is_named_by_verify_and_query_and_set_aside_by_run(sweep, table):
+    from sweep.store_health import load_error
+
+    part = corrupt_a_page(sorted((sweep / table).glob("*.parquet"))[0])
+    for args in (["verify", sweep], ["query", sweep, "SELECT count(*) FROM curves"]):
+        result = invoke(*args)
+        assert result.exit_code == 2 and part.name in result.output and "data page" in result.output, result.output
+        assert "Traceback" not in result.output
+    store = ResultsStore(sweep.parent, "smoke")
+    with store.writing("test", load_check=load_error) as notes:
+        assert any(part.name in n for n in notes), notes
+    assert (sweep / "quarantine" / table / part.name).exists() and store.completed_ids() == set()
+    assert invoke("verify", sweep).exit_code == 1  # started, no result: `sweep run` re-trains it
+
+
+@pytest.mark.parametrize("name", ["final.pt", "checkpoint.pt"])
+def test_a_checkpoint_that_cannot_be_loaded_is_named_by_verify(sweep, name):
+    from sweep.store_health import load_error
+
+    store = ResultsStore(sweep.parent, "smoke")
+    (trial,) = store.completed_ids()
+    (sweep / "trials" / trial / name).write_bytes(os.urandom(100))
+    result = invoke("verify", sweep)
+    assert result.exit_code == 2 and f"trials/{trial}/{name}: cannot be loaded" in result.output, result.output
+    assert invoke("status", sweep).exit_code == 0  # footers only: status stays quick
+    with store.writing("test", load_check=load_error):
+        pass
+    assert (sweep / "quarantine" / "trials" / trial / name).exists()
+    assert store.completed_ids() == (set() if name == "final.pt" else {trial})  # a bad final.pt: trained again
