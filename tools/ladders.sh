@@ -5,10 +5,10 @@
 #      nothing trains twice;
 #   2. `sweep next SPEC --out`: one lr beyond each best at its ladder's edge, seeds at each best
 #      strictly inside; run what it writes; again, until it writes nothing (or the same twice);
-#   3. after every run, `docs/scripts/keep_store.py RESULTS/<sweep> KEEP` copies the trials that
+#   3. after every run, `tools/keep_store.py RESULTS/<sweep> KEEP` copies the trials that
 #      finished, so an interrupted session loses at most the trials running at the time.
 #
-#   docs/scripts/ladders.sh specs/families_ladders.yaml results docs/stores/families [sweep run options]
+#   tools/ladders.sh specs/families_ladders.yaml results docs/stores/families [sweep run options]
 #
 # Commit KEEP (its Parquet files; *.pt weights are ignored) to carry the study to the next machine.
 set -u
