@@ -10,16 +10,28 @@
 #
 #   tools/ladders.sh specs/families_ladders.yaml results docs/stores/families [sweep run options]
 #
+# KEEP is a store folder named after the spec's sweep (checked before anything runs). A copy that
+# fails stops the loop: nothing more trains that could not be kept.
 # Commit KEEP (its Parquet files; *.pt weights are ignored) to carry the study to the next machine.
 set -u
 if [ $# -lt 3 ]; then
-    sed -n '2,13p' "$0"
+    sed -n '2,15p' "$0"
     exit 2
 fi
 spec=$1 results=$2 keep=$3
 shift 3
 here=$(cd "$(dirname "$0")" && pwd)
-name=$(python -c "import sys; from sweep.spec import load_spec; print(load_spec(sys.argv[1]).name)" "$spec") || exit 2
+name=$(python -c "
+import sys
+from sweep.spec import SpecError, load_spec
+try:
+    print(load_spec(sys.argv[1]).name)
+except SpecError as exc:  # a located message, no traceback
+    sys.exit(str(exc))" "$spec") || exit 2
+if [ "$(basename "$keep")" != "$name" ]; then
+    echo "$keep: name the kept store after the sweep ($name), e.g. $(dirname "$keep")/$name" >&2
+    exit 2
+fi
 next=$(mktemp -d)
 trap 'rm -rf "$next"' EXIT
 
@@ -31,9 +43,14 @@ run() {  # run one spec (then sweep run's options), copying in what KEEP holds, 
     sweep run "$one" --results "$results" "${reuse[@]}" "$@"
     local rc=$?
     python "$here/keep_store.py" "$results/$name" "$keep"
+    local kept=$?
     if [ "$rc" -eq 2 ]; then  # bad input, or --stop-launching-at already past: nothing more will run
         echo "== $(date '+%F %T') sweep run refused (exit 2): stopping"
         exit 2
+    fi
+    if [ "$kept" -ne 0 ]; then
+        echo "== $(date '+%F %T') keep_store.py failed (exit $kept): stopping"
+        exit "$kept"
     fi
 }
 
