@@ -7,7 +7,7 @@ failed worker fails the fit; Tune retries the trial, which resumes from that che
 the trial's folder of the store, local or remote). Rank 0's evals reach Tune live through a Ray
 queue the driver drains, so the progress bar and the trackers see every eval as it happens.
 Ray is imported where it is used, so train_trial runs where Ray is not installed (a lent GPU
-machine: docs/scripts/one_gpu.py).
+machine: tools/one_gpu.py).
 """
 
 from __future__ import annotations

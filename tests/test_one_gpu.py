@@ -1,4 +1,4 @@
-"""docs/scripts/one_gpu.py: a spec's trials as processes without Ray, following each lr ladder
+"""tools/one_gpu.py: a spec's trials as processes without Ray, following each lr ladder
 to the end, on a carried stdlib corpus (here on CPU, where it runs the same way)."""
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def test_runs_every_ladder_to_the_end_without_ray_on_the_carried_corpus(tmp_path
     (blocked / "__init__.py").write_text("raise ImportError('no Ray on this machine')\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocked.parent), str(REPO)])}
     out = subprocess.run(
-        [sys.executable, str(REPO / "docs/scripts/one_gpu.py"), str(spec), "--results", str(tmp_path / "r"),
+        [sys.executable, str(REPO / "tools/one_gpu.py"), str(spec), "--results", str(tmp_path / "r"),
          "--procs", "2", "--device", "cpu", "--follow", "--stdlib-corpus", str(tmp_path / "stdlib")],
         capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path,
     )

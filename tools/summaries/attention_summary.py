@@ -19,7 +19,7 @@ its own ("adam lr=0.003"). Then the two causes, as differences of residual kurto
 and Spearman's rank correlation across trials of the sink masses with residual kurtosis / null
 (trials of one config share it: a description, not a test).
 
-    python docs/scripts/attention_summary.py RESULTS/SWEEP      # e.g. docs/stores/attention
+    python tools/summaries/attention_summary.py RESULTS/SWEEP      # e.g. docs/stores/attention
 """
 import sys
 

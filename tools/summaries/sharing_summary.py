@@ -6,7 +6,7 @@ the unembedding's read in bases of their own, in the group's basis (`ends: group
 mean over seeds with a 95% t-interval, against the exact null 3(d-1)/(d+1). The slope of the
 excess against k is fitted per seed, its interval a t over the seeds' slopes, with a lack-of-fit
 test of a line in k (``analysis.group_size``): "linear in k" is never read from it.
-Usage: python docs/scripts/sharing_summary.py RESULTS/SWEEP   (e.g. results/sharing)"""
+Usage: python tools/summaries/sharing_summary.py RESULTS/SWEEP   (e.g. results/sharing)"""
 import sys
 
 import numpy as np

@@ -3,7 +3,7 @@ the residual basis (study.invariance.rotate_residual_basis). A rotation-equivari
 gives the same training losses up to float32 rounding; the computation-basis kurtoses then
 differ only because the twin stores its residual stream in a rotated basis.
 
-    python docs/scripts/twin_real.py 60 sgd       # steps, sgd | adam
+    python tools/twin_real.py 60 sgd       # steps, sgd | adam
 """
 import sys, torch
 from study import train as T

@@ -1,6 +1,6 @@
 """Summary of a sweep's sae table (issue 21): per (model optimiser, layer, SAE optimiser, basis) means over
 seeds, and stored minus random basis paired by trial with 95% t-intervals.
-Usage: python docs/scripts/sae_summary.py RESULTS/SWEEP"""
+Usage: python tools/summaries/sae_summary.py RESULTS/SWEEP"""
 import polars as pl, sys
 from scipy import stats
 pl.Config.set_tbl_cols(30); pl.Config.set_tbl_width_chars(250); pl.Config.set_tbl_rows(60)

@@ -6,7 +6,7 @@ For a machine lent for minutes that has torch but not Ray: many small trials at 
 each its own process with one CPU thread, written into ResultsStores exactly as `sweep run` writes
 them (the same trial ids: runtime is not hashed), so `keep_store.py` merges them into a kept store.
 
-    python docs/scripts/one_gpu.py SPEC [SPEC ...] --results ROOT [--procs 14] [--device cuda]
+    python tools/one_gpu.py SPEC [SPEC ...] --results ROOT [--procs 14] [--device cuda]
         [--launch-for 400] [--stop-after 540] [--follow] [--stdlib-corpus DIR]
 
 - Every trial runs with runtime device DEVICE, precision fp32 (full fp32: no autocast, no TF32, so
@@ -33,7 +33,7 @@ import time
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 

@@ -5,7 +5,7 @@ actor therefore calls wandb.teardown() after finish. This starts N actors that e
 short offline run, kills each as soon as it returns, and counts the run files left as a bare
 7-byte header (nothing written).
 
-Usage: python docs/scripts/wandb_actor_flush.py plain|teardown N FOLDER
+Usage: python tools/wandb_actor_flush.py plain|teardown N FOLDER
 (2026-12-04, one loaded CPU core: plain 2, 2 and 4 of 6 left as a bare header; teardown 0 of 6, twice)."""
 import glob
 import os

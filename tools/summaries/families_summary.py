@@ -18,7 +18,7 @@ Each optimiser's value is its seed mean after removing seed effects (seeds are s
 optimisers, so they pair), a family's value the mean of its optimisers' (the family as exactly
 these optimisers), and the difference between two families gets a Welch-Satterthwaite t-interval
 from the families' between-optimiser variances; a one-optimiser family gets no interval
-(``analysis.families.compare_family_values``, what ``sweep report`` uses). Usage: python docs/scripts/families_summary.py RESULTS/SWEEP"""
+(``analysis.families.compare_family_values``, what ``sweep report`` uses). Usage: python tools/summaries/families_summary.py RESULTS/SWEEP"""
 import sys
 
 import numpy as np

@@ -4,7 +4,7 @@ the final step, over the null 3(d-1)/(d+1); then per (optimiser, attention where
 and how many blocks sit below the random median or at p = 1/33 (a store of lr ladders has one row
 per lr; `sweep report`'s privilege.md reads the best lr only).
 
-    python docs/scripts/rank_test_summary.py results/equivariance
+    python tools/summaries/rank_test_summary.py results/equivariance
 """
 import sys
 import polars as pl

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Build .devcarry/ (git-ignored) for docs/scripts/gpu_run.sh on a lent H200, from this machine:
+# Build .devcarry/ (git-ignored) for tools/gpu_run.sh on a lent H200, from this machine:
 # the wheels the GPU image lacks (CPython 3.12, manylinux), the polars runtime as tar.xz (its wheel,
 # 54 MB, is over the 64 MiB carry limit with the repo; xz brings it to 31 MB), this machine's
 # stdlib corpus cache (run any stdlib trial first so it exists) and the prepared English corpus.
 #
-#   docs/scripts/gpu_carry.sh [ENGLISH_DIR]    # default data/shakespeare_bytes (specs/english.yaml's header prepares it)
+#   tools/gpu_carry.sh [ENGLISH_DIR]    # default data/shakespeare_bytes (specs/english.yaml's header prepares it)
 #
-# Then: run(command="bash docs/scripts/gpu_run.sh", carry=[".devcarry"], timeout_s=600).
+# Then: run(command="bash tools/gpu_run.sh", carry=[".devcarry"], timeout_s=600).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/.."
 C=.devcarry; ENGLISH=${1:-data/shakespeare_bytes}
 grep -qx '/.devcarry/' .git/info/exclude 2>/dev/null || echo /.devcarry/ >> .git/info/exclude
 rm -rf $C && mkdir -p $C

@@ -5,21 +5,33 @@
 #      nothing trains twice;
 #   2. `sweep next SPEC --out`: one lr beyond each best at its ladder's edge, seeds at each best
 #      strictly inside; run what it writes; again, until it writes nothing (or the same twice);
-#   3. after every run, `docs/scripts/keep_store.py RESULTS/<sweep> KEEP` copies the trials that
+#   3. after every run, `tools/keep_store.py RESULTS/<sweep> KEEP` copies the trials that
 #      finished, so an interrupted session loses at most the trials running at the time.
 #
-#   docs/scripts/ladders.sh specs/families_ladders.yaml results docs/stores/families [sweep run options]
+#   tools/ladders.sh specs/families_ladders.yaml results docs/stores/families [sweep run options]
 #
+# KEEP is a store folder named after the spec's sweep (checked before anything runs). A copy that
+# fails stops the loop: nothing more trains that could not be kept.
 # Commit KEEP (its Parquet files; *.pt weights are ignored) to carry the study to the next machine.
 set -u
 if [ $# -lt 3 ]; then
-    sed -n '2,13p' "$0"
+    sed -n '2,15p' "$0"
     exit 2
 fi
 spec=$1 results=$2 keep=$3
 shift 3
 here=$(cd "$(dirname "$0")" && pwd)
-name=$(python -c "import sys; from sweep.spec import load_spec; print(load_spec(sys.argv[1]).name)" "$spec") || exit 2
+name=$(python -c "
+import sys
+from sweep.spec import SpecError, load_spec
+try:
+    print(load_spec(sys.argv[1]).name)
+except SpecError as exc:  # a located message, no traceback
+    sys.exit(str(exc))" "$spec") || exit 2
+if [ "$(basename "$keep")" != "$name" ]; then
+    echo "$keep: name the kept store after the sweep ($name), e.g. $(dirname "$keep")/$name" >&2
+    exit 2
+fi
 next=$(mktemp -d)
 trap 'rm -rf "$next"' EXIT
 
@@ -31,9 +43,14 @@ run() {  # run one spec (then sweep run's options), copying in what KEEP holds, 
     sweep run "$one" --results "$results" "${reuse[@]}" "$@"
     local rc=$?
     python "$here/keep_store.py" "$results/$name" "$keep"
+    local kept=$?
     if [ "$rc" -eq 2 ]; then  # bad input, or --stop-launching-at already past: nothing more will run
         echo "== $(date '+%F %T') sweep run refused (exit 2): stopping"
         exit 2
+    fi
+    if [ "$kept" -ne 0 ]; then
+        echo "== $(date '+%F %T') keep_store.py failed (exit $kept): stopping"
+        exit "$kept"
     fi
 }
 

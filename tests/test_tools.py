@@ -1,0 +1,299 @@
+"""tools/: the operational scripts, run for real (keep_store.py on a kept store, ladders.sh through
+`sweep run`, gpu_run.sh's CPU plumbing check), and docs/ holding documents: no tooling there, and
+every tools/ or docs/scripts/ path the documents name exists (issue 47 item 5)."""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tokenize
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from test_one_gpu import carried_corpus
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = str(Path(sys.executable).parent)  # python3 and sweep, as the scripts call them
+
+# ---- docs/ holds documents --------------------------------------------------------------------
+
+THIN_IMPORTS = {"__future__", "analysis", "polars", "numpy", "sys", "json", "math", "itertools", "collections"}
+THIN_LINES = 40
+"""A script may stay in docs/scripts when it is a thin caller of analysis: it imports analysis, and
+besides only polars/numpy and a few standard modules to print analysis's frames (no scipy: a
+statistic it needs belongs in analysis; no torch, ray, study, sweep or resultstore: no training or
+writing), reads no Parquet itself (analysis.load does), and has at most THIN_LINES lines of code
+outside its docstring and comments."""
+
+
+def _imports(tree: ast.AST) -> set[str]:
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            out.add((node.module or "").split(".")[0])
+    return out
+
+
+def code_lines(source: str) -> int:
+    """Lines holding code: not blank, not a comment, not the module docstring."""
+    tree = ast.parse(source)
+    first = tree.body[0] if tree.body else None
+    doc = set()
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        doc = set(range(first.lineno, first.end_lineno + 1))
+    skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
+    lines = {t.start[0] for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type not in skip}
+    return len(lines - doc)
+
+
+def thin_caller_problems(path: Path) -> list[str]:
+    source = path.read_text()
+    tree = ast.parse(source)
+    imports = _imports(tree)
+    problems = []
+    if "analysis" not in imports:
+        problems.append("imports nothing from analysis")
+    if imports - THIN_IMPORTS:
+        problems.append(f"imports {sorted(imports - THIN_IMPORTS)}")
+    if re.search(r"\b(read|scan)_parquet\b|pyarrow", source):
+        problems.append("reads Parquet itself")
+    if code_lines(source) > THIN_LINES:
+        problems.append(f"{code_lines(source)} lines of code (at most {THIN_LINES})")
+    return problems
+
+
+def test_docs_hold_no_tooling() -> None:
+    files = [p for p in sorted((REPO / "docs").rglob("*")) if p.is_file() and "__pycache__" not in p.parts]
+    assert len(files) > 100, "docs/ holds the documents and the kept stores"
+    bad = []
+    for path in files:
+        name = str(path.relative_to(REPO))
+        if path.stat().st_mode & 0o111 or path.suffix in (".sh", ".bash"):
+            bad.append(f"{name}: executable or a shell script")
+        elif path.suffix == ".py":
+            if path.parent != REPO / "docs/scripts":
+                bad.append(f"{name}: Python outside docs/scripts")
+            bad += [f"{name}: {p}" for p in thin_caller_problems(path)]
+    assert not bad, "docs/ holds documents; move tooling to tools/:\n" + "\n".join(bad)
+
+
+def test_the_thin_caller_rule_refuses_a_script_with_its_own_statistics(tmp_path: Path) -> None:
+    thick = tmp_path / "thick.py"
+    thick.write_text('"""doc\nstring"""\nimport sys\nfrom scipy import stats\nimport polars as pl\n'
+                     "x = pl.read_parquet(sys.argv[1])\n" + "y = 1\n" * 41)
+    assert thin_caller_problems(thick) == ["imports nothing from analysis", "imports ['scipy']", "reads Parquet itself",
+                                           "45 lines of code (at most 40)"]
+    thin = tmp_path / "thin.py"
+    thin.write_text('"""doc"""\nimport sys\n# a comment\n\nfrom analysis.load import load\nprint(load(sys.argv[1]))\n')
+    assert thin_caller_problems(thin) == [] and code_lines(thin.read_text()) == 3
+
+
+NAMED = re.compile(r"(?<![\w/.-])((?:tools|docs/scripts)/[\w./-]*[\w/])")
+
+
+def named_paths() -> dict[str, list[str]]:
+    """Every tools/... or docs/scripts/... path named in README.md, docs/**/*.md, specs/*.yaml and
+    tools/README.md, with the files naming it."""
+    files = [REPO / "README.md", REPO / "tools/README.md", *(REPO / "docs").rglob("*.md"), *(REPO / "specs").glob("*.yaml")]
+    named: dict[str, list[str]] = {}
+    for f in files:
+        for m in NAMED.finditer(f.read_text()):
+            named.setdefault(m.group(1), []).append(str(f.relative_to(REPO)))
+    return named
+
+
+def test_every_named_tool_path_exists() -> None:
+    named = named_paths()
+    assert "tools/keep_store.py" in named and "tools/summaries/families_summary.py" in named  # the regex reads them
+    missing = {p: where for p, where in named.items() if not (REPO / p).exists()}
+    assert not missing, f"named but not in the repository: {missing}"
+
+
+def test_tools_readme_names_every_tool() -> None:
+    readme = (REPO / "tools/README.md").read_text()
+    tools = [p for p in (REPO / "tools").rglob("*") if p.is_file() and p.name != "README.md" and "__pycache__" not in p.parts]
+    unnamed = [str(p.relative_to(REPO / "tools")) for p in tools if p.name not in readme]
+    assert tools and not unnamed, f"tools/README.md does not say what these are: {unnamed}"
+
+
+# ---- keep_store.py ----------------------------------------------------------------------------
+
+KEPT = REPO / "docs/stores/gpucheck"  # a real kept store: 27 trials, 3.4 MB
+
+
+def keep(*args: str | Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, str(REPO / "tools/keep_store.py"), *map(str, args)],
+                          capture_output=True, text=True, timeout=300, env=env)
+
+
+def row_files(store: Path) -> dict[str, bytes]:
+    """The store's row files of every table but runs (whose rows are rewritten to name the sweep),
+    and its trials' final weights."""
+    from resultstore.schema import TABLES
+
+    tables = set(TABLES) - {"runs"}
+    return {str(p.relative_to(store)): p.read_bytes() for p in sorted(store.rglob("*")) if p.is_file()
+            and (p.parent.name in tables and p.parent.parent == store or p.name == "final.pt")}
+
+
+def test_keep_store_copies_a_real_store_byte_for_byte_only_what_it_lacks(tmp_path: Path) -> None:
+    from resultstore.writer import ResultsStore
+    from sweep.grid import expand
+    from sweep.spec import load_spec
+
+    source = tmp_path / "src" / "gpucheck"
+    shutil.copytree(KEPT, source)
+    dest = tmp_path / "kept" / "gpucheck"
+    spec = REPO / "tools/gpu_specs/gpucheck.yaml"
+    done = set(ResultsStore.at(source).completed_ids())
+    in_spec = done & {t.trial_id for t in expand(load_spec(spec))}
+    assert len(done) == 27 and 0 < len(in_spec) < len(done)
+
+    first = keep(source, dest, spec)  # only the spec's trials
+    assert first.returncode == 0, first.stderr
+    assert set(ResultsStore.at(dest).completed_ids()) == in_spec
+    assert f"{len(in_spec)} trial(s) copied" in first.stdout
+
+    rest = keep(source, dest)
+    assert rest.returncode == 0, rest.stderr
+    assert f"{len(done) - len(in_spec)} trial(s) copied" in rest.stdout and f"{len(done)} kept there in all" in rest.stdout
+    assert row_files(dest) == row_files(source)  # every row file, byte for byte
+    for table in ("runs", "metrics", "curves", "checks"):
+        a, b = (pl.read_parquet(f"{s}/{table}/*.parquet") for s in (source, dest))
+        assert a.height == b.height > 0, table
+        assert a.sort(a.columns[:3]).equals(b.sort(b.columns[:3])), table
+
+    again = keep(source, dest)
+    assert again.returncode == 0 and "0 trial(s) copied" in again.stdout
+
+
+def test_keep_store_refuses_bad_input_writing_nothing(tmp_path: Path) -> None:
+    source = tmp_path / "src" / "gpucheck"
+    shutil.copytree(KEPT, source)
+    cases = [
+        ((), "Keep a sweep's finished trials"),  # no arguments: the usage
+        ((tmp_path / "nothing" / "gpucheck", tmp_path / "k" / "gpucheck"), "no sweep there"),
+        ((source, tmp_path / "k" / "other"), "name the destination after the sweep (gpucheck)"),
+        ((source, tmp_path / "k" / "families", REPO / "tools/gpu_specs/gpucheck.yaml"), "its sweep is gpucheck"),
+    ]
+    for args, message in cases:
+        out = keep(*args)
+        assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, (args, out.stderr)
+    assert not (tmp_path / "k").exists()
+
+
+# ---- ladders.sh -------------------------------------------------------------------------------
+
+LADDER = """name: tiny
+data: {corpus: stdlib, seq_len: 32}
+train:
+  steps: 30
+  batch_size: 8
+  eval_every: 10
+  eval_batch: {sequences: 4}
+  checkpoint_every: 10
+grid:
+  model: [{d_model: 32, n_layers: 2, n_heads: 2}]
+  optimizer: [{name: adam, lr: [1.0e-2, 3.0e-2, 1.0e-1]}]
+  norm: [rmsnorm_scalar]
+  rotation: [none]
+  seed: [0]
+"""
+
+
+def shell(script: str, *args: str | Path, cwd: Path, timeout: int = 600, **env: str) -> subprocess.CompletedProcess:
+    full = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(REPO), **env}
+    return subprocess.run(["bash", str(REPO / script), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=full, cwd=cwd)
+
+
+def test_ladders_refuses_before_anything_runs(tmp_path: Path) -> None:
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(LADDER)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(LADDER.replace("d_model: 32", "d_model: -32"))
+    usage = shell("tools/ladders.sh", spec, cwd=tmp_path)
+    assert usage.returncode == 2 and "Run a spec's lr ladders to the end" in usage.stdout
+    wrong = shell("tools/ladders.sh", spec, tmp_path / "r", tmp_path / "keep", cwd=tmp_path)
+    assert wrong.returncode == 2 and "name the kept store after the sweep (tiny)" in wrong.stderr
+    invalid = shell("tools/ladders.sh", bad, tmp_path / "r", tmp_path / "tiny", cwd=tmp_path)
+    assert invalid.returncode == 2 and "d_model" in invalid.stderr and "Traceback" not in invalid.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml", "tiny.yaml"]  # nothing written
+
+
+@pytest.mark.slow
+def test_ladders_runs_each_ladder_to_the_end_keeping_every_trial(tmp_path: Path) -> None:
+    """Two or more `sweep run`s (Ray), each followed by keep_store.py: 2-4 minutes on 2 loaded cores."""
+    from resultstore.writer import ResultsStore
+    from sweep.grid import expand
+    from sweep.ladder import plan_next
+    from sweep.spec import load_spec
+
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(LADDER)
+    out = shell("tools/ladders.sh", spec, tmp_path / "results", tmp_path / "kept" / "tiny", cwd=tmp_path, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "every ladder of" in out.stdout and out.stdout.count("== ") >= 3  # two runs at least, then the end
+    results, kept = tmp_path / "results" / "tiny", tmp_path / "kept" / "tiny"
+    runs = ResultsStore.at(kept).read("runs")
+    assert set(runs["trial_id"]) == set(ResultsStore.at(results).read("runs")["trial_id"]) and runs.height >= 5
+    assert row_files(kept) == row_files(results)  # byte for byte, the final weights too
+    assert sum(k.endswith("final.pt") for k in row_files(kept)) == runs.height
+    ladders = plan_next(expand(load_spec(spec)), runs, [0], 3)
+    assert [lad.verdict for lad in ladders] == ["complete"], [lad.why for lad in ladders]
+
+
+# ---- gpu_run.sh's local plumbing check --------------------------------------------------------
+
+
+def carry_folder(folder: Path) -> str:
+    """What gpu_carry.sh builds, but the wheels (SKIP_INSTALL: this Python has them): a carried
+    stdlib cache as xz, and an empty English archive (it unpacks into the repository root)."""
+    folder.mkdir()
+    fingerprint = carried_corpus(folder / "cache")
+    for name in ("train.npy", "val.npy"):
+        subprocess.run(["xz", "-z", "-k", str(folder / "cache" / name)], check=True)
+        shutil.move(folder / "cache" / f"{name}.xz", folder / f"{name}.xz")
+    shutil.copy(folder / "cache" / "meta.json", folder / "meta.json")
+    with tarfile.open(folder / "shakespeare.tar.xz", "w:xz"):
+        pass
+    return fingerprint
+
+
+@pytest.mark.slow
+def test_gpu_run_plumbing_on_the_cpu(tmp_path: Path) -> None:
+    """The whole script, DEVICE=cpu, on a tiny spec: one_gpu.py follows the ladder, and what comes
+    back in $OUT (new.tar.xz.part-*) unpacks to the finished trials' rows. 1-3 minutes."""
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(LADDER)
+    fingerprint = carry_folder(tmp_path / "carry")
+    out_dir, results = tmp_path / "out", tmp_path / "r"
+    out = shell("tools/gpu_run.sh", cwd=tmp_path, timeout=900, DEVICE="cpu", SKIP_INSTALL="1", CARRY=str(tmp_path / "carry"),
+                SCRATCH=str(tmp_path / "scratch"), OUT=str(out_dir), RESULTS=str(results), SPECS=str(spec), PROCS="3",
+                LAUNCH_FOR="600", STOP_AFTER="800")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    log = (out_dir / "run.log").read_text()
+    assert "round" in log and "never started" in log
+    parts = sorted(out_dir.glob("new.tar.xz.part-*"))
+    assert parts
+    back = tmp_path / "back"
+    back.mkdir()
+    subprocess.run(f"cat {' '.join(map(str, parts))} | xz -d | tar x -C {back}", shell=True, check=True)
+    runs = pl.read_parquet(back / "tiny" / "runs" / "*.parquet")
+    assert runs.height >= 5 and set(runs["status"]) == {"done"} and set(runs["corpus_fingerprint"]) == {fingerprint}
+    assert all(d.startswith("cpu") for d in runs["device"])
+    assert f"{runs.height} ended ({runs.height} done)" in log
+    assert not (back / "families").exists()  # the kept stores copied in before the run are not sent back
+    assert json.loads((tmp_path / "scratch" / "stdlib" / "meta.json").read_text())["fingerprint"] == fingerprint
