@@ -42,13 +42,15 @@ def plan(
     """List the grid: trial ids, shapes, parameters, tokens, FLOPs, estimated time, done or not."""
     from resultstore.schema import FINISHED
     from sweep.estimate import estimate, measured_flops_per_s
+    from sweep.prepare.corpora import prepare_command
     from sweep.spec import unprepared
     from sweep.store_health import REPAIR, check as check_store
 
     spec, trials = load(spec_path, unprepared_ok=True)  # plan before `sweep data prepare` has run
     if unprepared(spec):
         out.print(f"[yellow]note:[/] data.tokens {q(str(spec.data.tokens))} is not prepared yet: sizes use its stated "
-                  f"vocab_size {spec.data.vocab_size}; `sweep run` refuses until it exists (see the spec's header)")
+                  f"vocab_size {spec.data.vocab_size}; `sweep run` refuses until it exists. Prepare it with\n"
+                  f"  {prepare_command(spec.data.tokens)}", highlight=False, soft_wrap=True)
     store = open_store(results, spec.name)
     health = check_store(store)  # once: statuses and measured throughput both come from it
     if not health.damaged:  # incomplete trials are re-run like pending ones: named, not refused
