@@ -123,7 +123,7 @@ def run(
     Exit 0 when every trial it ran is done or diverged inside an lr ladder ("diverged (ladder)":
     its config differs from a done trial's only in the lr); 1 when one failed, diverged outside
     a ladder or left no result; 2 on bad input."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from resultstore.uri import StorageError
     from sweep.launch import address_problem, run_sweep
@@ -154,15 +154,16 @@ def run(
                 " `sweep status` shows where)") if diverged else ""
         out.print(f"[bold]{spec.name}[/]: {len(trials)} trials, {skipped} already complete{note}, {len(todo)} to run"
                   f" → {q(folder)}")
+        from sweep.estimate import planned_seconds
         from sweep.progress import ProgressCallback
 
         if not todo:
             return None
         trackers = tracking.callbacks(tracker, tracker_uri, spec.name, todo) if tracker is not None else []
-        return [ProgressCallback(todo, progress, sweep_trials=trials), *trackers]
+        return [ProgressCallback(todo, progress, sweep_trials=trials, planned_s=planned_seconds(spec, todo)), *trackers]
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                        TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=out)
+                        TimeElapsedColumn(), console=out)  # the time left is in the description (sweep.progress.Eta)
     try:
         with progress:
             outcome = run_sweep(spec, trials, store, address=address, max_concurrent=max_concurrent,
