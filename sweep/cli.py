@@ -117,6 +117,8 @@ def run(
         "--stop-launching-at", help="Start no trial after this time: HH:MM today, a date and time "
         "(2026-12-05T09:30) or +DURATION from now (+2h30m). Trials running then finish; the rest wait for "
         "the next run (a job's walltime, a machine lent until a set hour).")] = None,
+    report_each: Annotated[bool, typer.Option("--report", help="Redraw <results>/report/ (`sweep report`) after each "
+                                         "trial that ends, in a process beside the run.")] = False,
 ) -> None:
     """Run every trial of the spec not yet complete in the store.
 
@@ -155,11 +157,12 @@ def run(
         out.print(f"[bold]{spec.name}[/]: {len(trials)} trials, {skipped} already complete{note}, {len(todo)} to run"
                   f" → {q(folder)}")
         from sweep.estimate import planned_seconds
-        from sweep.progress import ProgressCallback
+        from sweep.progress import ProgressCallback, ReportCallback
 
         if not todo:
             return None
         trackers = tracking.callbacks(tracker, tracker_uri, spec.name, todo) if tracker is not None else []
+        trackers += [ReportCallback(folder, progress.console)] if report_each else []
         return [ProgressCallback(todo, progress, sweep_trials=trials, planned_s=planned_seconds(spec, todo)), *trackers]
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),

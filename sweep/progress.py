@@ -15,6 +15,10 @@ slot: the time left is when the last slot frees. Imported only when a sweep runs
 from __future__ import annotations
 
 import heapq
+import os
+import subprocess
+import sys
+import tempfile
 import time
 from typing import Callable
 
@@ -25,7 +29,7 @@ from analysis.labels import labels_for
 from study.config import TrialConfig
 from sweep.console import duration
 
-__all__ = ["Eta", "ProgressCallback"]
+__all__ = ["Eta", "ProgressCallback", "ReportCallback"]
 
 
 class Eta:
@@ -184,3 +188,63 @@ class ProgressCallback(Callback):
         self.failed += 1
         self.progress.console.print(f"[red]failed[/] {tid}{self.labels[tid]} (its error: `sweep status`)")
         self._refresh(ended=True)
+
+
+class ReportCallback(Callback):
+    """`sweep run --report`: `sweep report` of the sweep after each trial that ends, in a process
+    of its own (the run goes on meanwhile), so <sweep>/report/ grows as trials finish. One at a
+    time: a trial that ends while one draws queues one more; the run's end waits for the last."""
+
+    def __init__(self, uri: str, console, command: list[str] | None = None):
+        self.command = command or [sys.executable, "-m", "sweep.cli", "report", uri]
+        self.console, self.uri = console, uri
+        self.proc: subprocess.Popen | None = None
+        self.log = None
+        self.queued, self.runs = False, 0
+
+    def __getstate__(self) -> dict:
+        return {}  # as ProgressCallback: the process handle stays here
+
+    def _reap(self) -> bool:
+        """True when no report is drawing (the last one's failure named)."""
+        if self.proc is None:
+            return True
+        if self.proc.poll() is None:
+            return False
+        if self.proc.returncode != 0:
+            self.console.print(f"warning: the report after a trial failed (exit {self.proc.returncode}; its output: "
+                               f"{self.log.name}); the results are unaffected: sweep report {self.uri}",
+                               highlight=False, markup=False)
+        self.log.close()
+        if self.proc.returncode == 0:
+            os.unlink(self.log.name)
+        self.proc = None
+        return True
+
+    def _draw(self) -> None:
+        if not self._reap():
+            self.queued = True
+            return
+        self.queued = False
+        self.log = tempfile.NamedTemporaryFile(prefix="sweep-report-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.runs += 1
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self._draw()
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if self.queued and self._reap():
+            self._draw()
+
+    def on_experiment_end(self, trials, **info):
+        self.finish()
+
+    def finish(self) -> None:
+        """Wait for the report drawing, then draw the queued one, if any."""
+        if self.proc is not None:
+            self.proc.wait()
+        if self.queued:
+            self._draw()
+            self.proc.wait()
+        self._reap()

@@ -4,6 +4,7 @@ varies within the sweep and omits those that do not."""
 from __future__ import annotations
 
 import io
+import os
 import re
 from pathlib import Path
 
@@ -272,3 +273,29 @@ def test_the_plain_progress_line_gives_the_time_left_each_time_a_trial_ends():
                              "as the trials so far ran)"), lines
     (task,) = callback.progress.tasks
     assert task.description.endswith("about 8min left (the plan's time x 2.00, as the trials so far ran)")
+
+
+def test_run_report_redraws_the_report_after_trials_end_one_drawing_at_a_time(tmp_path):
+    """`sweep run --report`: a trial's end starts `sweep report` in a process of its own; one
+    that ends while it draws queues exactly one more, which the run's end waits for."""
+    from synthetic_store import write_store
+    from sweep.progress import ReportCallback
+
+    truth = write_store(tmp_path, sizes=(32, 64), seeds=(0,), optimizers=("adam", "sgd"), steps=(0, 1, 2),
+                        quant=False)
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    callback = ReportCallback(str(truth.path), console)
+    for tid in ("a", "b", "c"):  # three trials end at once: one drawing, one queued
+        callback.on_trial_complete(0, [], _Trial(tid))
+    assert callback.runs == 1 and callback.queued
+    callback.on_experiment_end([])
+    assert callback.runs == 2 and not callback.queued and callback.proc is None
+    report = Path(truth.path) / "report"
+    assert (report / "index.html").is_file() and list(report.glob("*.png")), console.file.getvalue()
+    assert "warning" not in console.file.getvalue()
+    broken = ReportCallback(str(tmp_path / "nowhere"), console)  # a report that fails is named, the run goes on
+    broken.on_trial_complete(0, [], _Trial("a"))
+    broken.finish()
+    assert "warning: the report after a trial failed (exit 2" in console.file.getvalue()
+    assert Path(broken.log.name).is_file()  # a failed report's output is kept and named; a good one's is not
+    os.unlink(broken.log.name)
