@@ -164,7 +164,10 @@ def _windows(tokens: np.ndarray, starts: np.ndarray, seq_len: int, device) -> tu
 def _existing(path: str, field: str) -> Path:
     p = Path(path).expanduser()
     if not p.exists():
-        raise FileNotFoundError(f"{field}: no such file or folder: {path}")
+        unprepared = field == "data.tokens" and p.suffix not in (".bin", ".npy")  # a folder `sweep data prepare` writes
+        raise FileNotFoundError(f"{field}: no such file or folder: {path}"
+                                + (" (not prepared yet: `sweep plan` of the spec names the command that prepares it)"
+                                   if unprepared else ""))
     return p.resolve()
 
 

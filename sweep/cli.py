@@ -42,13 +42,15 @@ def plan(
     """List the grid: trial ids, shapes, parameters, tokens, FLOPs, estimated time, done or not."""
     from resultstore.schema import FINISHED
     from sweep.estimate import estimate, measured_flops_per_s
+    from sweep.prepare.corpora import prepare_command
     from sweep.spec import unprepared
     from sweep.store_health import REPAIR, check as check_store
 
     spec, trials = load(spec_path, unprepared_ok=True)  # plan before `sweep data prepare` has run
     if unprepared(spec):
         out.print(f"[yellow]note:[/] data.tokens {q(str(spec.data.tokens))} is not prepared yet: sizes use its stated "
-                  f"vocab_size {spec.data.vocab_size}; `sweep run` refuses until it exists (see the spec's header)")
+                  f"vocab_size {spec.data.vocab_size}; `sweep run` refuses until it exists. Prepare it with\n"
+                  f"  {prepare_command(spec.data.tokens)}", highlight=False, soft_wrap=True)
     store = open_store(results, spec.name)
     health = check_store(store)  # once: statuses and measured throughput both come from it
     if not health.damaged:  # incomplete trials are re-run like pending ones: named, not refused
@@ -115,13 +117,15 @@ def run(
         "--stop-launching-at", help="Start no trial after this time: HH:MM today, a date and time "
         "(2026-12-05T09:30) or +DURATION from now (+2h30m). Trials running then finish; the rest wait for "
         "the next run (a job's walltime, a machine lent until a set hour).")] = None,
+    report_each: Annotated[bool, typer.Option("--report", help="Redraw <results>/report/ (`sweep report`) after each "
+                                         "trial that ends, in a process beside the run.")] = False,
 ) -> None:
     """Run every trial of the spec not yet complete in the store.
 
     Exit 0 when every trial it ran is done or diverged inside an lr ladder ("diverged (ladder)":
     its config differs from a done trial's only in the lr); 1 when one failed, diverged outside
     a ladder or left no result; 2 on bad input."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from resultstore.uri import StorageError
     from sweep.launch import address_problem, run_sweep
@@ -152,15 +156,17 @@ def run(
                 " `sweep status` shows where)") if diverged else ""
         out.print(f"[bold]{spec.name}[/]: {len(trials)} trials, {skipped} already complete{note}, {len(todo)} to run"
                   f" → {q(folder)}")
-        from sweep.progress import ProgressCallback
+        from sweep.estimate import planned_seconds
+        from sweep.progress import ProgressCallback, ReportCallback
 
         if not todo:
             return None
         trackers = tracking.callbacks(tracker, tracker_uri, spec.name, todo) if tracker is not None else []
-        return [ProgressCallback(todo, progress, sweep_trials=trials), *trackers]
+        trackers += [ReportCallback(folder, progress.console)] if report_each else []
+        return [ProgressCallback(todo, progress, sweep_trials=trials, planned_s=planned_seconds(spec, todo)), *trackers]
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                        TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=out)
+                        TimeElapsedColumn(), console=out)  # the time left is in the description (sweep.progress.Eta)
     try:
         with progress:
             outcome = run_sweep(spec, trials, store, address=address, max_concurrent=max_concurrent,

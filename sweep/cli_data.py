@@ -18,9 +18,11 @@ data_app = typer.Typer(no_args_is_help=True, help="Corpora: tokenise a source in
 @data_app.command("prepare")
 def data_prepare(
     source: Annotated[str, typer.Argument(help="Text file or folder, .jsonl/.parquet file, a `datasets` save_to_disk "
-                                               "folder, or a Hugging Face dataset hf:NAME[:CONFIG] (streamed).",
+                                               "folder, a Hugging Face dataset hf:NAME[:CONFIG] (streamed), or a "
+                                               "named corpus (sweep.prepare.corpora: shakespeare, fineweb-edu-10bt, ...).",
                                           show_default=False)],
-    out_dir: Annotated[str, typer.Option("--out", "-o", help="Folder to write (shards, manifest.json).", show_default=False)],
+    out_dir: Annotated[Optional[str], typer.Option("--out", "-o", help="Folder to write (shards, manifest.json); a "
+                                                   "named corpus: the folder its specs read.", show_default=False)] = None,
     tokenizer: Annotated[str, typer.Option(help="bytes, bpe:N (train a byte-level BPE of N ids), or a tokenizer.json path.")] = "bytes",
     tokens: Annotated[Optional[int], typer.Option(help="Stop after this many tokens (train + val).")] = None,
     val_fraction: Annotated[float, typer.Option(help="Share of documents held out (by a hash of each document).")] = 0.005,
@@ -37,7 +39,12 @@ def data_prepare(
 
     from resultstore.paths import output_problem
     from sweep.prepare import PrepareError, auto_workers, prepare, source_bytes
+    from sweep.prepare.corpora import named, option_problem, prepare_by_name
 
+    corpus = named(source)  # a corpus a shipped spec trains on: its own recipe and folder
+    refuse(option_problem(source, corpus, out_dir, tokenizer=tokenizer, tokens=tokens, val_fraction=val_fraction))
+    if corpus is not None:
+        out_dir, tokenizer, prepare = out_dir or corpus.folder, corpus.tokenizer, prepare_by_name
     refuse(output_problem("--out", out_dir, whole_folder=True))
     out_path = Path(out_dir)
     total = tokens or None

@@ -36,7 +36,7 @@ from study.device import peak_flops
 
 __all__ = [
     "TABLE", "ASSUMED_MFU", "ASSUMED_CPU_FLOPS", "DATA_PARALLEL_EFFICIENCY", "DEFAULT_GPU", "Rate",
-    "Estimate", "load_table", "table_rate", "measured_flops_per_s", "estimate",
+    "Estimate", "load_table", "table_rate", "measured_flops_per_s", "estimate", "planned_seconds", "uses_gpu",
 ]
 
 TABLE = Path(__file__).with_name("throughput.json")
@@ -170,3 +170,16 @@ def estimate(trials: list[TrialConfig], resources, statuses: dict[str, str],
                 extrapolating = True
     basis = "; ".join(sorted(bases)) or "nothing left to run"
     return Estimate(device, trial_s, total, pending_s, pending_hours, basis, extrapolating)
+
+
+def uses_gpu(spec) -> bool:
+    """A spec's trials run on GPUs (a GPU share anywhere, or a cuda device)."""
+    r = spec.resources
+    return r.gpu > 0 or any(o.gpu > 0 for o in r.by_size) or spec.device.startswith("cuda")
+
+
+def planned_seconds(spec, trials: list[TrialConfig], table: dict | None = None) -> dict[str, float]:
+    """{trial id: the plan's wall seconds} by the throughput table alone (what `sweep plan`
+    shows before any trial finished): the start of the progress line's time left."""
+    est = estimate(trials, spec.resources.for_params, {}, None, uses_gpu(spec), table=table)
+    return {t.trial_id: s for t, s in zip(trials, est.trial_s)}

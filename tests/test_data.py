@@ -344,3 +344,18 @@ def test_the_config_does_not_import_the_reader():
     code = "import sys, study.config; print('study.data' in sys.modules, 'study.corpus.format' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_a_token_folder_not_prepared_yet_points_at_the_plan_a_missing_file_does_not(tmp_path):
+    """A fresh clone's `sweep run specs/english.yaml`: the folder does not exist yet, and the
+    refusal says where the one command that prepares it is named; a missing .bin is a wrong path."""
+    from study.config import FieldError
+    from study.data import check_data
+
+    with pytest.raises(FieldError) as info:
+        check_data(DataConfig(tokens=str(tmp_path / "shakespeare_bytes"), vocab_size=256, seq_len=16), 2, 16, 2)
+    assert str(info.value).endswith(f"no such file or folder: {tmp_path / 'shakespeare_bytes'} (not prepared yet: "
+                                    "`sweep plan` of the spec names the command that prepares it)")
+    with pytest.raises(FieldError) as info:
+        check_data(DataConfig(tokens=str(tmp_path / "ids.bin"), vocab_size=256, seq_len=16), 2, 16, 2)
+    assert str(info.value).endswith(f"no such file or folder: {tmp_path / 'ids.bin'}")

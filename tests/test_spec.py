@@ -204,3 +204,30 @@ def test_a_corpus_problem_stands_in_the_data_fields_place(tmp_path):
         load_spec(write(tmp_path, damaged + "device: cuda\n"))
     lines = str(info.value).splitlines()[1:]
     assert len(lines) == 1 and lines[0].strip().startswith("data.tokens:"), lines
+
+
+@pytest.mark.parametrize("path", SPECS, ids=[p.name for p in SPECS])
+def test_every_shipped_spec_plans_on_a_fresh_clone(path, tmp_path, monkeypatch):
+    """Issue 48: `sweep plan` of every spec in a copy with no data/ folder exits 0; one that trains
+    on a corpus still to prepare says so and names the one command that prepares it."""
+    import shutil
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from sweep.cli import app
+    from sweep.prepare.corpora import corpus_for_folder
+
+    shutil.copytree(path.parent, tmp_path / "specs")
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(app, ["plan", f"specs/{path.name}", "--results", "results"])
+    assert r.exit_code == 0, r.output
+    tokens = (yaml.safe_load(path.read_text()).get("data") or {}).get("tokens")
+    if tokens is None:
+        assert "not prepared yet" not in r.output
+    else:
+        corpus = corpus_for_folder(tokens)
+        assert corpus is not None, f"{path.name}: data.tokens {tokens} is no named corpus's folder"
+        assert f"data.tokens {tokens} is not prepared yet" in r.output
+        assert f"Prepare it with\n  sweep data prepare {corpus.name}\n" in r.output
+    assert not (tmp_path / "data").exists()  # planning prepares nothing

@@ -39,10 +39,16 @@ class Doc:
 
 
 def hub_name(source: str) -> tuple[str, str | None] | None:
-    """(name, config) when `source` names a Hugging Face dataset rather than a local path."""
+    """(name, config) when `source` names a Hugging Face dataset rather than a local path. `hf:` may
+    also name a local folder laid out as a Hub dataset repository (a snapshot from
+    `huggingface-cli download`, or a test's): `hf:FOLDER[:CONFIG]`, loaded the same way."""
     if Path(source).expanduser().exists():
         return None
     s = source.removeprefix("hf:")
+    if source.startswith("hf:"):
+        folder, _, config = s.rpartition(":") if not Path(s).expanduser().is_dir() else (s, "", "")
+        if folder and Path(folder).expanduser().is_dir():
+            return str(Path(folder).expanduser()), config or None
     m = re.fullmatch(r"([\w.-]+/[\w.-]+|[\w-]+)(?::([\w.-]+))?", s)
     if source.startswith("hf:") and m:
         return m.group(1), m.group(2)

@@ -39,9 +39,11 @@ def prepare(
     force: bool = False,
     on_progress: Callable[[int, int], None] | None = None,
     on_event: Callable[[str], None] | None = None,
+    expect_fingerprint: str | None = None,
 ) -> dict:
     """Tokenise `source` into shards under `out`; returns the manifest. `on_progress(bytes read,
-    tokens written)` is called after every batch; an exception from it aborts (and cleans up)."""
+    tokens written)` is called after every batch; an exception from it aborts (and cleans up).
+    `expect_fingerprint`: refuse (nothing lands at `out`) a corpus whose fingerprint differs."""
     out = Path(os.path.realpath(Path(out).expanduser()))  # not resolve(): a symlink loop is named below
     on_event = on_event or (lambda m: None)
     if not 0 < val_fraction < 1:
@@ -105,6 +107,9 @@ def prepare(
         manifest = _manifest(source if hub is None else f"hf:{hub[0]}" + (f":{hub[1]}" if hub[1] else ""),
                              tok_info, vocab_size, eot, dtype, splits, val_fraction,
                              {"source_bytes": read, "text_column": text_column, "max_token_id": top})
+        if expect_fingerprint is not None and manifest["fingerprint"] != expect_fingerprint:
+            raise PrepareError(f"{source}: prepared fingerprint {manifest['fingerprint']} is not the expected "
+                               f"{expect_fingerprint}: these are not the bytes the spec was run on; nothing written")
         finish(tmp, out, manifest)
         return manifest
     except BaseException:
