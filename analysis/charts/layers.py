@@ -61,7 +61,8 @@ def lines_with_band(
     elif log_x:
         x_axis = log_axis(df.get_column(x).to_list(), max_ticks(df))
     else:
-        x_axis = alt.Axis(format="~s", labelExpr=SI_LABEL, labelFlush=True)
+        # tickCount 5 and labelOverlap: a one-panel chart 300 px wide ran "0 200k400k600k" together
+        x_axis = alt.Axis(format="~s", labelExpr=SI_LABEL, labelFlush=True, tickCount=5, labelOverlap=True)
     x_enc = alt.X(
         f"{x}:Q", title=x_title, axis=x_axis, scale=alt.Scale(type="log") if log_x else alt.Undefined
     )
