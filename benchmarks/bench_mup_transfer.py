@@ -2,7 +2,7 @@
 
 Run (from the repository root, venv active):
 
-    python benchmarks/bench_mup_transfer.py                       # d 64/128/192, 2 layers, 5 rungs
+    python benchmarks/bench_mup_transfer.py                       # d 64/128/192, 2 layers, 5 rungs, 80 steps of 8 x 32
     python benchmarks/bench_mup_transfer.py --layers 4 --steps 400  # the studies' depth, longer
 
 For each parameterisation (sp, mup with mup_base_width 64) and width, it trains the stdlib corpus
@@ -61,9 +61,9 @@ def main() -> None:
     p.add_argument("--norm", default="rmsnorm_scalar")
     p.add_argument("--lrs", type=float, nargs="+", default=[10 ** (-3 + k / 2) for k in range(5)],
                    help="the ladder (default 1e-3 .. 1e-1, ratio sqrt(10))")
-    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--steps", type=int, default=80)
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--seq-len", type=int, default=32)
     p.add_argument("--eval-sequences", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
