@@ -83,6 +83,12 @@ def attention_label() -> pl.Expr:
     return pl.col("attention").fill_null("softmax").alias("attention")
 
 
+def parametrization_label() -> pl.Expr:
+    """The stored ``parametrization`` (``sp``, ``mup``); ``sp`` for rows written before that
+    column existed, every one of which ran it."""
+    return pl.col("parametrization").fill_null("sp").alias("parametrization")
+
+
 def rotation_label() -> pl.Expr:
     """The stored ``rotation_label`` (``none``, ``partial(2)``, ``groups[[0,1],[2]]``, ...);
     for rows written before that column existed, ``rotation`` with ``(k)`` for a partial

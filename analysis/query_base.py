@@ -10,7 +10,9 @@ import polars as pl
 
 from analysis.power_law import t_critical
 from analysis.identity import ID_COLUMNS, with_ids
-from analysis.load import CONFIG_ID, SCHEMAS, SIZE_COLUMNS, TABLES, Results, attention_label, label_columns, rotation_label
+from analysis.load import (
+    CONFIG_ID, SCHEMAS, SIZE_COLUMNS, TABLES, Results, attention_label, label_columns, parametrization_label, rotation_label,
+)
 
 __all__ = [
     "CONTROL", "SORT", "LayerAgg", "Layers", "QueryError", "Source", "at_step", "carried", "config_keys",
@@ -161,6 +163,8 @@ def prepare_runs(runs: pl.LazyFrame | pl.DataFrame) -> pl.LazyFrame:
         runs = runs.with_columns(rotation_label())
     if "attention" in names:
         runs = runs.with_columns(attention_label())
+    if "parametrization" in names:
+        runs = runs.with_columns(parametrization_label())
     return runs
 
 

@@ -129,6 +129,8 @@ RUNS_COLUMNS: list[tuple[str, pa.DataType, Role]] = [
     ("norm", _S, _AXIS), ("attention", _S, _AXIS), ("rotation", _S, _LABEL), ("group_size", _I, _LABEL),
     ("rotation_groups", _S, _LABEL), ("rotation_label", _S, _AXIS),
     ("rotate_embeddings", _B, _DETAIL),
+    # parameterisation (sp, mup; null in stores before it: sp) and muP's base width (null under sp)
+    ("parametrization", _S, _AXIS), ("mup_base_width", _I, _LABEL),
     # data and schedule
     ("seed", _I, _SEED), ("corpus", _S, _DATA), ("seq_len", _I, _DATA), ("batch_size", _I, _DATA),
     # results

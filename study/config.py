@@ -42,6 +42,16 @@ class ModelConfig(_Frozen):
     """Attention heads per block; must divide d_model."""
     d_mlp: int = Field(default=0, ge=0)
     """MLP hidden width; 0 means 4 x d_model."""
+    parametrization: Literal["sp", "mup"] = "sp"
+    """sp: standard (GPT-2 init, every parameter at the one lr); mup: the maximal-update
+    parameterisation relative to a base model of width mup_base_width (study.model.Transformer's
+    docstring says which variant; study/optim/rules/groups.py the lr multipliers), so that an lr
+    tuned at one width transfers to another."""
+    mup_base_width: int = Field(default=64, gt=0)
+    """mup: the base model's d_model (same depth, heads and d_mlp / d_model), at which mup is sp
+    exactly; the width multiplier is m = d_model / mup_base_width."""
+
+    id_optional: ClassVar[tuple[str, ...]] = ("parametrization", "mup_base_width")
 
     @model_validator(mode="before")
     @classmethod
@@ -62,7 +72,17 @@ class ModelConfig(_Frozen):
             raise FieldError("n_heads", f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if self.d_mlp == 0:
             object.__setattr__(self, "d_mlp", 4 * self.d_model)
+        if self.parametrization == "sp" and self.mup_base_width != type(self).model_fields["mup_base_width"].default:
+            raise FieldError("mup_base_width", "mup_base_width applies to parametrization mup only")
+        if self.parametrization == "mup" and self.mup_base_width % self.n_heads:
+            raise FieldError("mup_base_width", f"mup_base_width ({self.mup_base_width}) must be divisible by n_heads "
+                             f"({self.n_heads}): the base model has the same heads, each mup_base_width / n_heads wide")
         return self
+
+    @property
+    def width_mult(self) -> float:
+        """muP's width multiplier m = d_model / mup_base_width; 1 under sp."""
+        return self.d_model / self.mup_base_width if self.parametrization == "mup" else 1.0
 
 
 class RotationConfig(_Frozen):
@@ -273,6 +293,8 @@ class TrialConfig(_Frozen):
             raise FieldError("rotation.group_size", f"rotation.group_size ({r.group_size}) must be in 1..n_layers ({n})")
         if r.groups is not None and any(b >= n for g in r.groups for b in g):
             raise FieldError("rotation.groups", f"rotation.groups index out of range 0..{n - 1}")
+        if self.model.parametrization == "mup" and OPTIMIZERS[self.optimizer.name].mup is None:
+            raise FieldError("model.parametrization", f"mup is not defined for {self.optimizer.name}")
         check = OPTIMIZERS[self.optimizer.name].trial_check
         if check is not None and (problem := check(self)) is not None:
             raise FieldError(*problem)
@@ -380,6 +402,8 @@ class TrialConfig(_Frozen):
             "config_id": self.config_id,
             "d_model": self.model.d_model, "n_layers": self.model.n_layers,
             "n_heads": self.model.n_heads, "d_mlp": self.model.d_mlp,
+            "parametrization": self.model.parametrization,
+            "mup_base_width": self.model.mup_base_width if self.model.parametrization == "mup" else None,
             "params": self.params, "params_non_embedding": self.params_non_embedding,
             "flops_per_token": self.flops_per_token,
             "optimizer": o.name, "optimizer_family": optimizer_family(o, self.norm), "lr": o.lr, "weight_decay": o.weight_decay,

@@ -16,6 +16,14 @@ blocks[0]'s input (the residual stream after write_emb) and each Block's output.
 
 No biases in Linear layers, untied unembedding, learned positions, GELU, causal SDPA; the
 attention variant (study.attention) is `ATTENTIONS[name]`, `blocks[i].attn`.
+
+muP (`mup_base_width`; Yang, Hu et al. 2022, Tensor Programs V, Table 8's variant, the `mup`
+package's: an output multiplier, not a 1/fan_in^2 unembedding init), with width multiplier
+m = d_model / mup_base_width: hidden matrices (qkv, proj, fc, gate) drawn with SP's std / sqrt(m)
+(variance ~ 1/fan_in); embeddings and unembedding drawn as in SP; logits = unembed(...) / m;
+attention logits q.k sqrt(D0) / D (1/D, equal to SP's 1/sqrt(D) at the base head width
+D0 = mup_base_width / n_heads). The per-role lr multipliers are the optimiser's
+(study/optim/rules/groups.py). At m = 1 every number is SP's exactly.
 Construction never touches torch's global RNG: weights are drawn from
 `generator_for(seed, "init")` (in float64, then cast, so a float32 and a float64 model built
 from one seed hold the same numbers up to rounding).
@@ -33,6 +41,7 @@ from torch.nn.utils import skip_init
 
 from study.attention import AttentionConfig
 from study.config import TrialConfig
+from study.optim.rules.groups import mup_role
 from study.rotation import Plan, build_plan, generator_for
 
 __all__ = [
@@ -119,9 +128,11 @@ def linear(d_in: int, d_out: int, dtype: torch.dtype) -> nn.Linear:
 # ---- layers -------------------------------------------------------------------------------
 
 
-def logits(q: Tensor, k: Tensor) -> Tensor:
-    """q . k / sqrt(D) for every query and key, in at least float32: (B, H, Tq, Tk)."""
-    return (q @ k.transpose(-2, -1)).to(torch.promote_types(q.dtype, torch.float32)) / math.sqrt(q.shape[-1])
+def logits(q: Tensor, k: Tensor, mult: float = 1.0) -> Tensor:
+    """q . k / sqrt(D) (times `mult`, muP's sqrt(D0 / D)) for every query and key, in at least
+    float32: (B, H, Tq, Tk)."""
+    s = (q @ k.transpose(-2, -1)).to(torch.promote_types(q.dtype, torch.float32)) / math.sqrt(q.shape[-1])
+    return s if mult == 1.0 else s * mult
 
 
 class Attention(nn.Module):
@@ -131,6 +142,8 @@ class Attention(nn.Module):
     sequence's own keys."""
 
     reads = ("qkv",)  # the maps that read the normalised input (study.invariance rotates them)
+    logit_mult = 1.0
+    """Multiplies the logits q.k / sqrt(D): muP sets sqrt(D0 / D) (Transformer), SP leaves 1."""
 
     def __init__(self, d_model: int, n_heads: int, dtype: torch.dtype, cfg: AttentionConfig = AttentionConfig()):
         super().__init__()
@@ -143,12 +156,16 @@ class Attention(nn.Module):
         B, T, C3 = qkv.shape
         return tuple(t.view(B, T, self.n_heads, C3 // (3 * self.n_heads)).transpose(1, 2) for t in qkv.split(C3 // 3, dim=2))
 
+    def scale(self, q: Tensor) -> float | None:
+        """SDPA's scale: None (its 1/sqrt(D)) unless logit_mult changes it."""
+        return None if self.logit_mult == 1.0 else self.logit_mult / math.sqrt(q.shape[-1])
+
     def mix(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale(q))  # (B, H, T, D)
 
     def scores(self, q: Tensor, k: Tensor) -> Tensor:
         """Causal logits: keys after the query at -inf, (B, H, T, T)."""
-        s = logits(q, k)
+        s = logits(q, k, self.logit_mult)
         T = s.shape[-1]
         return s.masked_fill(torch.ones(T, T, dtype=torch.bool, device=s.device).triu(1), -math.inf)
 
@@ -173,10 +190,10 @@ class ExtraKeyAttention(Attention):
         T = q.shape[2]
         visible = torch.ones(T, T + 1, dtype=torch.bool, device=q.device).tril(1)  # key 0 = the extra: seen by all
         return F.scaled_dot_product_attention(q, torch.cat([k0.to(k.dtype), k], 2), torch.cat([v0.to(v.dtype), v], 2),
-                                              attn_mask=visible)  # (B, H, T, D)
+                                              attn_mask=visible, scale=self.scale(q))  # (B, H, T, D)
 
     def pattern(self, q: Tensor, k: Tensor) -> Tensor:
-        extra = logits(q, self.extra(q)[0].to(q.dtype))  # (B, H, T, 1)
+        extra = logits(q, self.extra(q)[0].to(q.dtype), self.logit_mult)  # (B, H, T, 1)
         return torch.cat([extra, self.scores(q, k)], -1).softmax(-1)[..., 1:]  # the sequence's keys only
 
 
@@ -275,6 +292,7 @@ class Transformer(nn.Module):
         plan: Plan | None = None,
         seed: int = 0,
         dtype: torch.dtype = torch.float32,
+        mup_base_width: int | None = None,
     ):
         super().__init__()
         if norm not in NORMS:
@@ -292,6 +310,14 @@ class Transformer(nn.Module):
         self.read_out = read_write(plan.unembed, dtype)[0]  # Rotate(R_u) or Identity
         self.final_norm = NORMS[norm](d_model, dtype)
         self.unembed = linear(d_model, vocab_size, dtype)
+        # muP (None: SP): width multiplier, output multiplier 1 / m, attention logits sqrt(D0 / D)
+        self.width_mult = 1.0 if mup_base_width is None else d_model / mup_base_width
+        self.output_mult = 1.0 / self.width_mult
+        if mup_base_width is not None:
+            if mup_base_width % n_heads:
+                raise ValueError(f"mup_base_width ({mup_base_width}) must be divisible by n_heads ({n_heads})")
+            for block in self.blocks:
+                block.attn.logit_mult = math.sqrt((mup_base_width // n_heads) / (d_model // n_heads))
         self.init_weights(generator_for(seed, "init"))
 
     @classmethod
@@ -301,11 +327,12 @@ class Transformer(nn.Module):
         plan = build_plan(cfg.rotation, m.n_layers, m.d_model, cfg.seed)
         return cls(vocab_size=cfg.vocab_size, seq_len=cfg.data.seq_len, d_model=m.d_model, n_layers=m.n_layers,
                    n_heads=m.n_heads, d_mlp=m.d_mlp, norm=cfg.norm, attention=cfg.attention, plan=plan, seed=cfg.seed,
-                   dtype=dtype)
+                   dtype=dtype, mup_base_width=m.mup_base_width if m.parametrization == "mup" else None)
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator) -> None:
         """GPT-2 init: N(0, 0.02) everywhere, write maps (attn/mlp proj) N(0, 0.02 / sqrt(2 L)); norms 1/0.
+        muP: hidden matrices' std / sqrt(width_mult) (1/fan_in variance across widths).
 
         Draws in float64 on the CPU from `generator`, in a fixed order, then copies in: an
         attention variant's own parameters (gate, key/value bias) last, so that every variant of
@@ -318,6 +345,8 @@ class Transformer(nn.Module):
                 p.fill_(0.0 if name.endswith("bias") else 1.0)
                 continue
             std = out_std if name.endswith("proj.weight") else 0.02
+            if mup_role(name, p) == "hidden":
+                std = std / math.sqrt(self.width_mult)  # SP: / 1.0, exact
             p.copy_(torch.empty(p.shape, dtype=torch.float64).normal_(0.0, std, generator=generator))
 
     def num_params(self, non_embedding: bool = False) -> int:
@@ -336,5 +365,7 @@ class Transformer(nn.Module):
         logits = self.unembed(self.final_norm(self.read_out(x)))  # (B, T, V)
         if logits.dtype in (torch.float16, torch.bfloat16):
             logits = logits.float()
+        if self.output_mult != 1.0:  # muP's 1 / m
+            logits = logits * self.output_mult
         loss = None if targets is None else F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T))
         return logits, loss

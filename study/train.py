@@ -38,7 +38,7 @@ from study.model import Transformer
 from study.optim import build_optimizer
 from study.optim.registry import sharding_problem
 from study.rotation import generator_for
-from study.schedule import lr_at
+from study.schedule import lr_at, set_lr
 
 if TYPE_CHECKING:  # the runs table's statuses (resultstore.schema)
     from resultstore.schema import Status
@@ -321,6 +321,9 @@ def _build(cfg: TrialConfig, sharding: str) -> _Setup:
     parallel_model = distributed.shard(model, ranks) if sharded else distributed.wrap(model, device, ranks)
     eval_model = Transformer.from_config(cfg).to(device) if sharded and ranks.main else model
     optimizer = build_optimizer(cfg, model)  # on the shards, under fsdp
+    if cfg.model.parametrization == "mup" and any("lr_scale" not in g for g in optimizer.param_groups):
+        raise ValueError(f"model.parametrization: {cfg.optimizer.name}'s builder gave param groups without muP's "
+                         "lr_scale (build them with study.optim.rules.groups.decay_groups(..., mup_scales(cfg), lr))")
     step_model = torch.compile(parallel_model) if should_compile(cfg.runtime.compile, device, cfg.params) else parallel_model
     tokens = corpus_token_info(corpus)  # delimiters from the corpus's counts (a BPE vocabulary), not one eval batch's
     return _Setup(
@@ -402,8 +405,7 @@ def _checkpoint(run: _Setup, loop: _Loop, sink: Sink, directory: Path) -> None:
 def _train_step(run: _Setup, loop: _Loop) -> None:
     """One optimiser step; its loss and gradient norm stay on the device (loop.losses, .grad_norms)."""
     cfg, model, optimizer = run.cfg, run.model, run.optimizer
-    for group in optimizer.param_groups:
-        group["lr"] = lr_at(cfg, loop.step)
+    set_lr(cfg, optimizer.param_groups, loop.step)
     x, y = sample_batch(run.corpus.train, cfg.train.batch_size, cfg.data.seq_len, run.data_gen, run.device)
     x, y = x[run.rows], y[run.rows]  # the whole global batch is drawn on every rank: the same data order
     with run.autocast:

@@ -34,12 +34,13 @@ def test_the_lists_are_what_they_were_before_roles():
     assert LABEL_COLUMNS == label_columns() == (
         "optimizer", "optimizer_family", "lr", "momentum", "nesterov", "weight_decay", "eps", "beta1", "beta2",
         "rotate", "norm", "attention", "rotation", "group_size", "rotation_groups", "rotation_label",
-        "precondition_frequency", "muon_ends")
-    assert variant_axes() == ("norm", "attention", "rotation_label", "lr", "momentum", "nesterov", "weight_decay", "eps",
+        "parametrization", "mup_base_width", "precondition_frequency", "muon_ends")
+    assert variant_axes() == ("norm", "attention", "rotation_label", "parametrization", "lr", "momentum", "nesterov", "weight_decay", "eps",
                               "beta1", "beta2", "rotate", "precondition_frequency", "muon_ends")
     assert label_axes() == ("d_model", "n_layers", "n_heads", "d_mlp", "optimizer", "lr", "momentum", "nesterov",
                             "weight_decay", "eps", "beta1", "beta2", "rotate", "precondition_frequency", "muon_ends",
-                            "norm", "attention", "rotation_label", "corpus", "seq_len", "batch_size", "seed")
+                            "norm", "attention", "rotation_label", "parametrization", "corpus", "seq_len", "batch_size",
+                            "seed")
     hypers = schema.runs_columns(Role.HYPER)
     assert [c for c in schema.ARROW["runs"].names if c in hypers] == list(schema.runs_columns()[13:23])
 

@@ -104,6 +104,10 @@ def decorate(df: pl.DataFrame, facet: str | None) -> pl.DataFrame:
         from analysis.load import attention_label
 
         df = df.with_columns(attention_label())
+    if "parametrization" in df.columns:
+        from analysis.load import parametrization_label
+
+        df = df.with_columns(parametrization_label())
     if "rotation" in df.columns:
         from analysis.load import rotation_label
 

@@ -22,11 +22,11 @@ class AdafactorConfig(OptimizerConfig):
 def build(cfg: Trial, model: nn.Module):
     import torch
 
-    from study.optim.rules.groups import decay_groups
+    from study.optim.rules.groups import decay_groups, mup_scales
 
     o = cfg.optimizer
-    return torch.optim.Adafactor(decay_groups(model, o.weight_decay), lr=o.lr, weight_decay=o.weight_decay)
+    return torch.optim.Adafactor(decay_groups(model, o.weight_decay, mup_scales(cfg), o.lr), lr=o.lr, weight_decay=o.weight_decay)
 
 
-register(Optimizer("adafactor", order=6, family="per_coordinate", config=AdafactorConfig, build=build,
+register(Optimizer("adafactor", order=6, family="per_coordinate", config=AdafactorConfig, build=build, mup="adafactor",
                    unshardable="its factored second moments average whole rows and columns of each matrix"))

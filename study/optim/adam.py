@@ -28,13 +28,13 @@ class AdamConfig(OptimizerConfig):
 def build(cfg: Trial, model: nn.Module):
     import torch
 
-    from study.optim.rules.groups import decay_groups
+    from study.optim.rules.groups import decay_groups, mup_scales
 
     o = cfg.optimizer
     # Fused on CUDA (one kernel for every parameter); foreach on CPU keeps the reference path.
     fused = all(p.is_cuda for p in model.parameters()) or None
-    return torch.optim.AdamW(decay_groups(model, o.weight_decay), lr=o.lr, betas=o.betas, eps=o.eps,
+    return torch.optim.AdamW(decay_groups(model, o.weight_decay, mup_scales(cfg), o.lr), lr=o.lr, betas=o.betas, eps=o.eps,
                              weight_decay=o.weight_decay, fused=fused)
 
 
-register(Optimizer("adam", order=1, family="per_coordinate", config=AdamConfig, build=build))
+register(Optimizer("adam", order=1, family="per_coordinate", config=AdamConfig, build=build, mup="adam"))

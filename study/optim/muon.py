@@ -16,7 +16,7 @@ from study.optim.registry import Optimizer, Trial, register
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["HIDDEN_MATRICES", "MUON_ENDS_FAMILY", "MuonConfig"]
+__all__ = ["HIDDEN_MATRICES", "MUON_ENDS_FAMILY", "MUON_ENDS_MUP", "MUON_MUP_HIDDEN", "MuonConfig"]
 
 MUON_ENDS_FAMILY: dict[str, str] = {"adamw": "mixed", "sgd": "rotation_equivariant", "rotated_adam": "fixed_random_basis"}
 """muon's family by what trains its ends (muon_ends); its matrices are rotation-equivariant."""
@@ -71,25 +71,46 @@ class MuonConfig(AdamConfig):
         return {**super().runs_columns(), "momentum": self.muon_momentum, "nesterov": True}
 
 
+MUON_MUP_HIDDEN = {"original": 0.0, "match_rms_adamw": -0.5}
+"""muP's lr multiplier of Muon's matrices, as a power of the width multiplier m, by muon_adjust_lr.
+The spectral condition for feature learning (Yang, Simon & Bernstein 2023) asks ||dW||_2 ~
+sqrt(fan_out / fan_in); an orthogonalised update has every singular value ~1, so its spectral norm
+is lr x the shape scale: original's sqrt(max(1, out / in)) meets the condition at a fixed lr (m^0),
+match_rms_adamw's 0.2 sqrt(max(out, in)) grows as sqrt(m), so lr / sqrt(m)."""
+MUON_ENDS_MUP = {"adamw": "adam", "sgd": "sgd", "rotated_adam": "adam"}
+"""The muP rule (study/optim/rules/groups.py's MUP_EXPONENTS) of what trains the ends."""
+
+
 def build(cfg: Trial, model: nn.Module):
     import torch
 
-    from study.optim.rules.groups import index_dims
+    from study.optim.rules.groups import by_role, index_dims, mup_scales
     from study.optim.rules.muon import muon_adamw
     from study.optim.rules.rotated_adam import RotatedAdam
 
     o = cfg.optimizer
     ends = {
-        "adamw": None,
+        "adamw": lambda gs: torch.optim.AdamW(gs, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay),
         "sgd": lambda gs: torch.optim.SGD(gs, lr=o.lr, momentum=o.momentum, nesterov=o.nesterov,
                                           weight_decay=o.weight_decay),
         "rotated_adam": lambda gs: RotatedAdam(gs, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
                                                rotate="residual", d_model=cfg.model.d_model, seed=cfg.seed,
                                                index_dims=index_dims(model, cfg.vocab_size)),
     }[o.muon_ends]
-    return muon_adamw(model, lr=o.lr, lr_ratio=o.muon_lr_ratio, momentum=o.muon_momentum, adjust_lr=o.muon_adjust_lr,
-                      betas=o.betas, eps=o.eps, weight_decay=o.weight_decay, exclude=o.muon_exclude,
-                      ends=ends, ends_lr_ratio=o.muon_ends_lr_ratio)
+    scales = mup_scales(cfg, MUON_ENDS_MUP[o.muon_ends])
+    if scales is not None:  # muP: the ends split by role, each at its multiplier
+        make_ends = ends
+        ends = lambda gs: make_ends(by_role(gs, scales, o.lr))  # noqa: E731
+    elif o.muon_ends == "adamw":
+        ends = None  # muon_adamw's own AdamW, as before
+    optimizer = muon_adamw(model, lr=o.lr, lr_ratio=o.muon_lr_ratio, momentum=o.muon_momentum,
+                           adjust_lr=o.muon_adjust_lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
+                           exclude=o.muon_exclude, ends=ends, ends_lr_ratio=o.muon_ends_lr_ratio)
+    if scales is not None:
+        scale = cfg.model.width_mult ** MUON_MUP_HIDDEN[o.muon_adjust_lr]
+        for group in optimizer.muon.param_groups:
+            group["lr_scale"], group["lr"] = scale, o.lr * scale
+    return optimizer
 
 
 def keeps_a_matrix(exclude: tuple[str, ...]) -> None:
@@ -101,6 +122,6 @@ def keeps_a_matrix(exclude: tuple[str, ...]) -> None:
 
 register(Optimizer(
     "muon", order=5, family="rotation_equivariant", config=MuonConfig, build=build,
-    family_for=lambda o, norm: MUON_ENDS_FAMILY[o.muon_ends],
+    family_for=lambda o, norm: MUON_ENDS_FAMILY[o.muon_ends], mup="muon",
     unshardable="its Newton-Schulz orthogonalisation needs whole matrices",
 ))

@@ -186,6 +186,11 @@ class Optimizer:
     `resources.sharding: fsdp` rather than gathering each matrix every step: that all-gather
     costs a full copy of every matrix per step and gives back the memory sharding saved."""
 
+    mup: Literal["adam", "adafactor", "sgd", "muon"] | None = None
+    """Its muP lr rule (study/optim/rules/groups.py's MUP_EXPONENTS: the lr multiplier of each
+    parameter role as a power of the width multiplier), or None where none is published:
+    `model.parametrization: mup` is then refused at config time."""
+
     @property
     def shardable(self) -> bool:
         """It can train under FSDP (`unshardable` is None)."""

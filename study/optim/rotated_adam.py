@@ -26,11 +26,11 @@ class RotatedAdamConfig(AdamConfig):
 
 
 def build(cfg: Trial, model: nn.Module):
-    from study.optim.rules.groups import decay_groups, index_dims
+    from study.optim.rules.groups import decay_groups, index_dims, mup_scales
     from study.optim.rules.rotated_adam import RotatedAdam
 
     o = cfg.optimizer
-    return RotatedAdam(decay_groups(model, o.weight_decay), lr=o.lr, betas=o.betas, eps=o.eps,
+    return RotatedAdam(decay_groups(model, o.weight_decay, mup_scales(cfg), o.lr), lr=o.lr, betas=o.betas, eps=o.eps,
                        weight_decay=o.weight_decay, rotate=o.rotate, d_model=cfg.model.d_model, seed=cfg.seed,
                        index_dims=index_dims(model, cfg.vocab_size))
 
@@ -43,5 +43,5 @@ def check_vocab(cfg: Trial) -> tuple[str, str] | None:
 
 
 register(Optimizer("rotated_adam", order=3, family="fixed_random_basis", config=RotatedAdamConfig, build=build,
-                   trial_check=check_vocab,
+                   trial_check=check_vocab, mup="adam",
                    unshardable="its moments live in a rotated basis that mixes every row and column of a matrix"))

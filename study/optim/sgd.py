@@ -28,11 +28,11 @@ class SGDConfig(OptimizerConfig):
 def build(cfg: Trial, model: nn.Module):
     import torch
 
-    from study.optim.rules.groups import decay_groups
+    from study.optim.rules.groups import decay_groups, mup_scales
 
     o = cfg.optimizer
-    return torch.optim.SGD(decay_groups(model, o.weight_decay), lr=o.lr, momentum=o.momentum, nesterov=o.nesterov,
+    return torch.optim.SGD(decay_groups(model, o.weight_decay, mup_scales(cfg), o.lr), lr=o.lr, momentum=o.momentum, nesterov=o.nesterov,
                            weight_decay=o.weight_decay)
 
 
-register(Optimizer("sgd", order=2, family="rotation_equivariant", config=SGDConfig, build=build))
+register(Optimizer("sgd", order=2, family="rotation_equivariant", config=SGDConfig, build=build, mup="sgd"))

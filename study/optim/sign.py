@@ -32,22 +32,27 @@ class SignSGDConfig(OptimizerConfig):
     """The decay rate of the momentum whose sign is the update."""
 
 
-def _lion(model: nn.Module, lr: float, betas: tuple[float, float], weight_decay: float):
+def _lion(model: nn.Module, lr: float, betas: tuple[float, float], weight_decay: float,
+          scales: dict[str, float] | None = None):
     from study.optim.rules.groups import decay_groups
     from study.optim.rules.lion import Lion
 
-    return Lion(decay_groups(model, weight_decay), lr=lr, betas=betas, weight_decay=weight_decay)
+    return Lion(decay_groups(model, weight_decay, scales, lr), lr=lr, betas=betas, weight_decay=weight_decay)
 
 
 def build_lion(cfg: Trial, model: nn.Module):
+    from study.optim.rules.groups import mup_scales
+
     o = cfg.optimizer
-    return _lion(model, o.lr, o.betas, o.weight_decay)
+    return _lion(model, o.lr, o.betas, o.weight_decay, mup_scales(cfg))
 
 
 def build_signsgd(cfg: Trial, model: nn.Module):
+    from study.optim.rules.groups import mup_scales
+
     o = cfg.optimizer
-    return _lion(model, o.lr, (o.momentum, o.momentum), o.weight_decay)
+    return _lion(model, o.lr, (o.momentum, o.momentum), o.weight_decay, mup_scales(cfg))
 
 
-register(Optimizer("lion", order=7, family="per_coordinate", config=LionConfig, build=build_lion))
-register(Optimizer("signsgd", order=8, family="per_coordinate", config=SignSGDConfig, build=build_signsgd))
+register(Optimizer("lion", order=7, family="per_coordinate", config=LionConfig, build=build_lion, mup="adam"))
+register(Optimizer("signsgd", order=8, family="per_coordinate", config=SignSGDConfig, build=build_signsgd, mup="adam"))
