@@ -6,7 +6,7 @@ import pytest
 from corpus_fixtures import stand_in_corpus
 from sweep.spec import SpecError, load_spec
 
-SPECS = sorted((Path(__file__).parent.parent / "specs").glob("*.yaml"))
+SPECS = sorted((Path(__file__).parent.parent / "specs").rglob("*.yaml"))
 
 GOOD = """\
 name: t
