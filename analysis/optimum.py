@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-__all__ = ["EDGE", "FEW", "CONCAVE", "MEASURES", "Ladder", "Optimum", "WidthSlope", "fit_ladder", "fit_slope",
-           "ladders_from", "read_at", "vertex"]  # fmt: skip
+__all__ = ["EDGE", "FEW", "CONCAVE", "LINE_AXES", "MEASURES", "Ladder", "Optimum", "WidthSlope", "fit_ladder", "fit_slope",
+           "ladders_from", "read_at", "twin_slopes", "vertex"]  # fmt: skip
 
 EDGE, CONCAVE, FEW = "edge", "concave", "few lrs"
 _CODES = ("", EDGE, CONCAVE, FEW)
@@ -221,7 +221,9 @@ def ladders_from(trials: pl.DataFrame, group: str = "tuning_id") -> dict[Any, La
 
 # ---------------------------------------------------------------- the tables
 
-_KEEP = ("optimizer", "optimizer_family", "norm", "rotation_label", "d_model")
+_KEEP = ("optimizer", "optimizer_family", "norm", "rotation_label", "attention", "parametrization", "d_model")
+LINE_AXES = ("norm", "rotation_label", "attention", "parametrization")
+"""Axes besides the optimiser and the width that tell lines apart (sp and mup are two lines)."""
 WORDS = {"kurtosis": "kurtosis / null", "top1_share": "top-1 share / null"}
 
 
@@ -284,7 +286,48 @@ def optimum_tables(
                 "widths_left_out": "; ".join(f"d {r['d_model']} ({r['flag']})" for r in gone.iter_rows(named=True)),
                 "tuned_line_id": line,
             })  # fmt: skip
+    slopes += twin_slopes(levels, fitted, x, confidence)
     return levels, pl.from_dicts(slopes, infer_schema_length=None) if slopes else pl.DataFrame()
+
+
+def twin_slopes(levels: pl.DataFrame, fitted: dict[Any, Optimum], x: str, confidence: float = 0.95) -> list[dict]:
+    """The primary contrast's trend: for each optimiser ``o`` whose twin ``rotated_<o>`` has a line
+    with the same other axes, the slope against log ``x`` of level(o) - level(twin), each read at
+    its own fitted lr*, over the widths where both have an optimum; the interval from the two
+    ladders' bootstrap replicates differenced replicate by replicate. The ladders are resampled
+    independently (a seed is not drawn jointly for both), which widens the interval where the
+    twins' seeds are positively correlated: conservative. One row per measure, ``optimizer`` =
+    "o − rotated_o", ``optimizer_family`` = "twin contrast"."""
+    if not levels.height:
+        return []
+    keys = [c for c in LINE_AXES if c in levels.columns]
+    names = set(levels.get_column("optimizer").to_list())
+    out = []
+    for o in sorted(n for n in names if f"rotated_{n}" in names):
+        mine = levels.filter(pl.col("optimizer") == o, pl.col("flag") == "")
+        for key, g in (mine.partition_by(keys, as_dict=True, maintain_order=True).items() if keys else [((), mine)]):
+            tw = levels.filter(pl.col("optimizer") == f"rotated_{o}", pl.col("flag") == "",
+                               *[pl.col(c) == v for c, v in zip(keys, key, strict=True)])
+            both = g.join(tw.select("d_model", twin_id="tuning_id", **{f"twin_{m}": f"log_{m}_over_null" for m in MEASURES
+                                                                        if f"log_{m}_over_null" in tw.columns}),
+                          on="d_model").sort(x)  # fmt: skip
+            if both.height < 2:
+                continue
+            for m in MEASURES:
+                if f"twin_{m}" not in both.columns:
+                    continue
+                diff = (both.get_column(f"log_{m}_over_null") - both.get_column(f"twin_{m}")).fill_null(math.nan).to_numpy()
+                boots = [fitted[a].boot[m] - fitted[b].boot[m] for a, b in both.select("tuning_id", "twin_id").iter_rows()]
+                s = fit_slope(np.log(both.get_column(x).cast(pl.Float64).to_numpy()), diff, boots, confidence)
+                out.append({
+                    **dict(zip(keys, key, strict=True)), "optimizer": f"{o} − rotated_{o}",
+                    "optimizer_family": "twin contrast", "measure": WORDS[m], "slope": s.slope, "slope_low": s.ci[0],
+                    "slope_high": s.ci[1], "decision": decide(*s.ci), "n_widths": s.n_widths, "boot_kept": s.boot_kept,
+                    "tokens_per_param": "; ".join(f"d {r['d_model']}: {r['tokens_per_param']:.1f}"
+                                                  for r in both.iter_rows(named=True)),
+                    "widths_left_out": "", "tuned_line_id": None,
+                })  # fmt: skip
+    return out
 
 
 def family_exact(levels: pl.DataFrame, measure: str = "kurtosis", family: str = "per_coordinate") -> pl.DataFrame:
@@ -339,7 +382,7 @@ def twin_contrasts(trials: pl.DataFrame, levels: pl.DataFrame, confidence: float
 
     col = f"log_{measure}"
     names = set(trials.get_column("optimizer").unique().to_list()) if trials.height else set()
-    strata = [c for c in ("d_model", "norm", "rotation_label") if c in trials.columns]
+    strata = [c for c in ("d_model", *LINE_AXES) if c in trials.columns]
     rows = []
     for o in sorted(n for n in names if f"rotated_{n}" in names):
         mine = trials.filter(pl.col("optimizer") == o).sort(strata)

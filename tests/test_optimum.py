@@ -160,3 +160,61 @@ def test_the_tables_on_a_store(ladder_store) -> None:
     assert set(slopes.get_column("optimizer")) == {"adam", "sgd"}
     assert slopes.filter(pl.col("optimizer") == "sgd").get_column("slope").is_nan().all()
     assert "d 32: " in slopes.get_column("tokens_per_param")[0]
+
+
+def _synthetic_levels(slopes: dict[tuple[str, str], float], widths=(64, 128, 256), n_boot: int = 400):
+    """A levels table and its fitted optima: per (optimizer, parametrization) a line whose log level
+    is slope x log N (N = 12 x 4 x d²), each replicate the level plus noise of sd 0.02."""
+    rng = np.random.default_rng(7)
+    rows, fitted = [], {}
+    for (o, par), b in slopes.items():
+        for d in widths:
+            n = 48 * d * d
+            tid = f"{o}-{par}-{d}"
+            level = b * math.log(n)
+            boot = level + rng.normal(0, 0.02, n_boot)
+            fitted[tid] = optimum.Optimum(best_lr=1e-3, lr_star=1e-3, lr_star_ci=(1e-3, 1e-3), flag="",
+                                          levels={"kurtosis": (level, level, level)}, boot_inside=1.0, n_seeds_best=3,
+                                          boot={"kurtosis": boot})  # fmt: skip
+            rows.append({"tuning_id": tid, "optimizer": o, "optimizer_family": "x", "parametrization": par, "d_model": d,
+                         "params_non_embedding": n, "tokens_per_param": 10.0, "flag": "",
+                         "log_kurtosis_over_null": level})  # fmt: skip
+    return pl.from_dicts(rows), fitted
+
+
+def test_the_twin_contrast_slope_is_the_difference_of_slopes_per_parametrization() -> None:
+    """The primary contrast's trend: adam minus rotated_adam, per parametrization (sp and mup are
+    separate lines, never pooled): slope(adam) - slope(twin) exactly, its interval around it."""
+    levels, fitted = _synthetic_levels({("adam", "sp"): 0.20, ("rotated_adam", "sp"): 0.05,
+                                        ("adam", "mup"): 0.0, ("rotated_adam", "mup"): 0.05})
+    rows = {r["parametrization"]: r for r in optimum.twin_slopes(levels, fitted, "params_non_embedding")}
+    assert set(rows) == {"sp", "mup"}
+    assert rows["sp"]["optimizer"] == "adam − rotated_adam" and rows["sp"]["optimizer_family"] == "twin contrast"
+    assert rows["sp"]["slope"] == pytest.approx(0.15, abs=1e-12) and rows["mup"]["slope"] == pytest.approx(-0.05, abs=1e-12)
+    for r in rows.values():
+        assert r["slope_low"] < r["slope"] < r["slope_high"] and r["slope_high"] - r["slope_low"] < 0.1
+    assert rows["sp"]["decision"] == "grows" and rows["mup"]["decision"] == "falls, by < 0.1"
+    assert rows["sp"]["n_widths"] == 3
+
+
+def test_the_ladder_chart_gives_sp_and_mup_their_own_panels() -> None:
+    """A store with both parametrizations draws one panel per (optimiser, parametrization): the
+    lines of two parameterisations are never drawn as one."""
+    from analysis.charts.optimum import ladder_cells, level_along_ladder
+
+    trials = pl.DataFrame({
+        "optimizer": ["adam"] * 12, "optimizer_family": ["per_coordinate"] * 12,
+        "parametrization": ["sp"] * 6 + ["mup"] * 6, "d_model": ([64] * 3 + [128] * 3) * 2,
+        "lr": [1e-3, 3e-3, 1e-2] * 4, "log_kurtosis": np.linspace(0, 1, 12),
+    })  # fmt: skip
+    levels = pl.DataFrame({
+        "optimizer": ["adam"] * 4, "parametrization": ["sp", "sp", "mup", "mup"], "d_model": [64, 128] * 2,
+        "flag": [""] * 4, "lr_star": [3e-3] * 4, "lr_star_low": [2e-3] * 4, "lr_star_high": [4e-3] * 4,
+        "kurtosis_over_null": [1.5] * 4, "kurtosis_over_null_low": [1.4] * 4, "kurtosis_over_null_high": [1.6] * 4,
+        "tokens_per_param": [10.0] * 4,
+    })  # fmt: skip
+    cells = ladder_cells(trials)
+    assert cells.height == 12
+    spec = level_along_ladder(cells, levels).to_dict()
+    panels = {row["panel"] for row in next(iter(spec["datasets"].values()))}
+    assert panels == {"adam · sp (per coordinate)", "adam · mup (per coordinate)"}

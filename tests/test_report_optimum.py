@@ -29,7 +29,12 @@ def test_the_section_fills_its_tables_chart_and_notes(twins) -> None:
     assert c.optimum.height == 6 and set(c.optimum.get_column("flag")) <= {"", "edge"}
     assert {"lr_star", "lr_star_low", "lr_star_high", "kurtosis_over_null", "kurtosis_over_null_low",
             "top1_share_over_null", "tokens_per_param"} <= set(c.optimum.columns)  # fmt: skip
-    assert set(c.optimum_slopes.get_column("optimizer")) == {"adam", "rotated_adam", "sgd"}
+    slopes = c.optimum_slopes
+    assert set(slopes.get_column("optimizer")) == {"adam", "rotated_adam", "sgd", "adam − rotated_adam"}
+    # the primary contrast's trend: the slope of the twins' difference is the difference of their slopes
+    k = slopes.filter(pl.col("measure") == "kurtosis / null")
+    one = dict(zip(k.get_column("optimizer"), k.get_column("slope"), strict=True))
+    assert one["adam − rotated_adam"] == pytest.approx(one["adam"] - one["rotated_adam"], abs=1e-12)
     assert "tokens_per_param" in c.optimum_slopes.columns
     assert list(c.charts) == ["level_along_ladder"]
     # the twin: adam minus rotated_adam, paired over the 3 seeds at one lr both ran, exact p >= 2/8

@@ -14,11 +14,18 @@ import polars as pl
 
 from analysis.charts.layers import titled
 from analysis.charts.style import OPTIMIZER_COLORS, PANEL_WIDTH
+from analysis.optimum import LINE_AXES
 
 __all__ = ["level_along_ladder", "ladder_cells"]
 
 WIDTH_COLORS = ["#56B4E9", "#0072B2", "#00204D", "#6A3D9A", "#B15928"]
 """Light to dark with width (a sequential, colour-blind-safe ramp)."""
+
+
+def _with_line(df: pl.DataFrame, axes: list[str]) -> pl.DataFrame:
+    """``line``: the optimiser, then the value of each axis in ``axes`` ("adam · mup")."""
+    parts = [pl.col("optimizer"), *[pl.col(a).cast(pl.String).fill_null("") for a in axes]]
+    return df.with_columns(line=pl.concat_str(parts, separator=" · "))
 
 
 def ladder_cells(trials: pl.DataFrame, measure: str = "kurtosis", confidence: float = 0.95) -> pl.DataFrame:
@@ -27,7 +34,8 @@ def ladder_cells(trials: pl.DataFrame, measure: str = "kurtosis", confidence: fl
     from scipy import stats
 
     col = f"log_{measure}"
-    cells = trials.group_by("optimizer", "optimizer_family", "d_model", "lr").agg(
+    lines = [a for a in LINE_AXES if a in trials.columns]
+    cells = trials.group_by("optimizer", "optimizer_family", *lines, "d_model", "lr").agg(
         m=pl.col(col).mean(), s=pl.col(col).std(), n=pl.len().cast(pl.Int64))
     t = np.array([stats.t.ppf((1 + confidence) / 2, n - 1) if n > 1 else math.nan for n in cells.get_column("n")])
     half = pl.Series(t) * cells.get_column("s") / cells.get_column("n").cast(pl.Float64).sqrt()
@@ -45,11 +53,13 @@ def level_along_ladder(
     per width (seed geometric means, bars: seed t-intervals), a diamond at each width's fitted lr*
     and level there (bars: its bootstrap interval in both directions), the null (1) dashed; one
     panel per optimiser, x independent (each optimiser's ladder), y shared (levels comparable)."""
-    order = [o for o in (*OPTIMIZER_COLORS, *sorted(cells.get_column("optimizer").unique())) if o in
-             set(cells.get_column("optimizer"))]  # fmt: skip
-    order = sorted(dict.fromkeys(order), key=lambda o: (_family_rank(cells, o), order.index(o)))
+    vary = [a for a in LINE_AXES if a in cells.columns and a in levels.columns and cells.get_column(a).n_unique() > 1]
+    cells, levels = _with_line(cells, vary), _with_line(levels, vary)
+    known = [*OPTIMIZER_COLORS, *sorted(cells.get_column("optimizer").unique())]
+    order = sorted(cells.get_column("line").unique().to_list(),
+                   key=lambda line: (_family_rank(cells, line), known.index(line.split(" · ")[0]), line))
     ok = levels.filter(pl.col("flag") == "").select(
-        "optimizer", "d_model", lr="lr_star", lr_low="lr_star_low", lr_high="lr_star_high",
+        "optimizer", "line", "d_model", lr="lr_star", lr_low="lr_star_low", lr_high="lr_star_high",
         ratio=f"{measure}_over_null", low=f"{measure}_over_null_low", high=f"{measure}_over_null_high",
     ).with_columns(kind=pl.lit("optimum"))  # fmt: skip
     df = pl.concat([cells.with_columns(kind=pl.lit("cell")), ok], how="diagonal_relaxed")
@@ -57,7 +67,7 @@ def level_along_ladder(
              for r in levels.unique("d_model").iter_rows(named=True)}  # fmt: skip
     df = df.with_columns(width=pl.col("d_model").replace_strict(words, default=None, return_dtype=pl.String)
                          .fill_null(pl.format("d_model {}", pl.col("d_model"))), null=pl.lit(1.0),
-                         panel=pl.col("optimizer").replace_strict(_panels(cells), default=None))  # fmt: skip
+                         panel=pl.col("line").replace_strict(_panels(cells), default=None))  # fmt: skip
     widths = [words.get(d, f"d_model {d}") for d in sorted(df.get_column("d_model").unique())]
     color = alt.Color("width:N", title="Width", scale=alt.Scale(domain=widths, range=WIDTH_COLORS[: len(widths)]),
                       sort=widths, legend=alt.Legend(symbolType="stroke", symbolStrokeWidth=3))  # fmt: skip
@@ -66,7 +76,7 @@ def level_along_ladder(
     y = alt.Y("ratio:Q", title=f"{'Kurtosis' if measure == 'kurtosis' else 'Top-1 share'} / null (log)",
               scale=alt.Scale(type="log", nice=False, padding=8), axis=alt.Axis(format="~g"))  # fmt: skip
     cell, opt = alt.datum.kind == "cell", alt.datum.kind == "optimum"
-    tips = ["optimizer:N", "width:N", alt.Tooltip("lr:Q", format=".3g"), alt.Tooltip("ratio:Q", format=".3f"), "n:Q"]
+    tips = ["line:N", "width:N", alt.Tooltip("lr:Q", format=".3g"), alt.Tooltip("ratio:Q", format=".3f"), "n:Q"]
     layers = [
         alt.Chart().mark_rule(strokeDash=[4, 3], color="#777777", strokeWidth=1).encode(y="null:Q"),
         alt.Chart().transform_filter(cell).mark_line(strokeWidth=1.6).encode(x=x, y=y, color=color),
@@ -102,12 +112,12 @@ def level_along_ladder(
 
 
 def _panels(cells: pl.DataFrame) -> dict[str, str]:
-    """Each optimiser's panel title: its name and family."""
-    fams = dict(cells.select("optimizer", "optimizer_family").unique("optimizer").iter_rows())
+    """Each line's panel title: its name and family."""
+    fams = dict(cells.select("line", "optimizer_family").unique("line").iter_rows())
     return {o: f"{o} ({(f or '?').replace('_', ' ')})" for o, f in fams.items()}
 
 
-def _family_rank(cells: pl.DataFrame, optimizer: str) -> int:
+def _family_rank(cells: pl.DataFrame, line: str) -> int:
     """Per-coordinate optimisers' panels first."""
-    fam = cells.filter(pl.col("optimizer") == optimizer).get_column("optimizer_family")
+    fam = cells.filter(pl.col("line") == line).get_column("optimizer_family")
     return 0 if fam.len() and fam[0] == "per_coordinate" else 1

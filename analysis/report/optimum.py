@@ -52,8 +52,10 @@ def slope_note(slopes: pl.DataFrame) -> str:
     """The slopes against log N at the fitted optimum, per line and measure, with their decisions."""
     if not slopes.height:
         return ""
-    parts = [f"{r['optimizer']} ({r['measure']}): {r['slope']:+.3f} [{r['slope_low']:+.3f}, {r['slope_high']:+.3f}] "
-             f"{r['decision']}" for r in slopes.filter(pl.col("slope").is_not_nan()).iter_rows(named=True)]  # fmt: skip
+    vary = [a for a in optimum.LINE_AXES if a in slopes.columns and slopes.get_column(a).drop_nulls().n_unique() > 1]
+    parts = [f"{' · '.join([r['optimizer'], *(str(r[a]) for a in vary if r[a] is not None)])} ({r['measure']}): "
+             f"{r['slope']:+.3f} [{r['slope_low']:+.3f}, {r['slope_high']:+.3f}] {r['decision']}"
+             for r in slopes.filter(pl.col("slope").is_not_nan()).iter_rows(named=True)]  # fmt: skip
     tpp = slopes.get_column("tokens_per_param")[0]
     return ("Slopes of log(level / null) against log N at each width's fitted loss-optimal lr (optimum_slopes.csv; "
             "percentile seed-bootstrap intervals; an interval excluding 0 decides growth (a fall), one inside "
