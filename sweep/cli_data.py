@@ -36,8 +36,10 @@ def data_prepare(
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
     from resultstore.paths import output_problem
+    from sweep.bounds import WORKERS_PER_CORE, bounded, max_workers
     from sweep.prepare import PrepareError, auto_workers, prepare, source_bytes
 
+    refuse(bounded("--workers", workers, 0, max_workers(), why=f"{WORKERS_PER_CORE} per core; 0: auto"))
     refuse(output_problem("--out", out_dir, whole_folder=True))
     out_path = Path(out_dir)
     total = tokens or None
