@@ -182,7 +182,7 @@ class ConditionalLock:
 
     def _call(self, op: str, **kw) -> dict | None:
         """The response, or None when a precondition failed (or the object is not there)."""
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import BotoCoreError, ClientError
 
         try:
             return getattr(self.client, op)(Bucket=self.bucket, Key=self.key, **kw)
@@ -191,6 +191,8 @@ class ConditionalLock:
             if code in ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey", "404"):
                 return None
             raise OSError(f"s3://{self.bucket}/{self.key}: {code or exc}") from None
+        except BotoCoreError as exc:  # an endpoint gone, a timeout: an OSError as for any other store
+            raise OSError(f"s3://{self.bucket}/{self.key}: {exc}") from None
 
     def read(self) -> Snapshot | None:
         got = self._call("get_object")

@@ -38,6 +38,7 @@ def data_prepare(
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 
     from resultstore.paths import output_problem
+    from sweep.bounds import WORKERS_PER_CORE, bounded, max_workers
     from sweep.prepare import PrepareError, auto_workers, prepare, source_bytes
     from sweep.prepare.corpora import named, option_problem, prepare_by_name
 
@@ -45,6 +46,7 @@ def data_prepare(
     refuse(option_problem(source, corpus, out_dir, tokenizer=tokenizer, tokens=tokens, val_fraction=val_fraction))
     if corpus is not None:
         out_dir, tokenizer, prepare = out_dir or corpus.folder, corpus.tokenizer, prepare_by_name
+    refuse(bounded("--workers", workers, 0, max_workers(), why=f"{WORKERS_PER_CORE} per core; 0: auto"))
     refuse(output_problem("--out", out_dir, whole_folder=True))
     out_path = Path(out_dir)
     total = tokens or None

@@ -21,18 +21,20 @@ _STYLE = {"waiting": "dim", "extend": "yellow", "seeds": "cyan", "complete": "gr
 def next_ladders(
     spec_path: SpecArg,
     results: ResultsOpt = "results",
-    seeds: Annotated[int, typer.Option("--seeds", min=1, help="Seeds wanted at each best lr, in all (the spec's "
-                                       "own first, then the smallest unused).")] = 3,
+    seeds: Annotated[int, typer.Option("--seeds", help="Seeds wanted at each best lr, in all (the spec's "
+                                       "own first, then the smallest unused; 1 to 1000).")] = 3,
     out_dir: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the next trials as specs into this "
                                                     "folder, one per model shape and kind (edges, seeds).")] = None,
 ) -> None:
     """What to run next for each lr ladder of the spec: one more lr beyond the edge where the best
     (lowest seed-mean final val loss) is the smallest or largest tried; more seeds at the best
     where it is strictly inside; nothing while a ladder's trials are unfinished."""
+    from sweep.bounds import MAX_SEEDS, bounded
     from sweep.ladder import HEADER, next_specs, plan_next
     from sweep.spec_yaml import read_yaml
     from sweep.store_health import REPAIR, check as check_store
 
+    refuse(bounded("--seeds", seeds, 1, MAX_SEEDS, why="seeds per best lr"))
     spec, trials = load(spec_path, unprepared_ok=True)
     if out_dir is not None:  # the one rule for written paths (resultstore.paths), then: a folder
         from resultstore.paths import output_problem

@@ -107,6 +107,10 @@ def plan_probe(store: ResultsStore, *, where: str | None = None, layers: list[in
             raise ProbeInputError(f"trial {tid}: no final weights ({uri}/trials/{tid}/{FINAL_WEIGHTS}); trials "
                                   "trained before the probe existed need `sweep run` again (delete their runs row)")
         cfg = TrialConfig.model_validate_json(row["config_json"])
+        latents = sae.expansion * cfg.model.d_model
+        if sae.k > latents:
+            raise ProbeInputError(f"--k: {sae.k} is more than the {latents} latents of trial {tid}'s SAEs "
+                                  f"(--expansion {sae.expansion} x d_model {cfg.model.d_model})")
         n = cfg.model.n_layers
         for layer in (layers if layers is not None else sorted({n // 2, n})):
             if not 0 <= layer <= n:

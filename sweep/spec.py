@@ -21,6 +21,7 @@ import yaml
 from pydantic import ValidationError
 
 from study.config import DataConfig
+from study.optim.registry import WRITTEN
 from sweep.spec_checks import checked_corpus, corpus_problems, point_problems, unprepared
 from sweep.spec_schema import (
     BatchScaling, Grid, LrScaling, OptimizerEntry, ResourceOverride, Resources, SweepSpec, TrainSpec, expand_ladders,
@@ -43,7 +44,7 @@ def parse_spec(data: Any, root: yaml.Node | None = None, source: str = "spec", *
         shown = "an empty file" if data is None else type(data).__name__
         raise SpecError(f"{source}: expected a mapping (name:, train:, grid:, ...) at the top level, got {shown}")
     try:
-        spec = SweepSpec.model_validate(data)
+        spec = SweepSpec.model_validate(data, context=WRITTEN)  # a field its optimiser lacks: refused at any value
     except ValidationError as exc:
         problems = where.errors(exc)
         try:  # the corpus of a valid data section is checked too, and reported in its place

@@ -17,6 +17,7 @@ from study.config import (
     DataConfig, FieldError, ModelConfig, NormName, OptimizerConfig, RotationConfig, TrainConfig, _Frozen,
 )
 from study.optim.registry import OPTIMIZERS
+from sweep.bounds import grid_points_problem, share_problem
 
 __all__ = [
     "MAX_GPUS_PER_TRIAL", "BatchScaling", "Grid", "LrScaling", "OptimizerEntry", "ResourceOverride", "Resources",
@@ -46,12 +47,7 @@ def expand_ladders(entries: Any) -> tuple[Any, list[tuple[int, dict[str, int]]]]
         return entries, []
     out, sources = [], []
     for i, entry in enumerate(entries):
-        ladders = {}
-        if isinstance(entry, dict):
-            for key, value in entry.items():
-                if isinstance(value, list) and value and (
-                        not _tuple_valued(key) or all(isinstance(v, (list, tuple)) for v in value)):
-                    ladders[key] = value
+        ladders = _ladders(entry)
         if not ladders:
             out.append(entry)
             sources.append((i, {}))
@@ -60,6 +56,26 @@ def expand_ladders(entries: Any) -> tuple[Any, list[tuple[int, dict[str, int]]]]
             out.append({**entry, **{k: ladders[k][j] for k, j in zip(ladders, picks)}})
             sources.append((i, dict(zip(ladders, picks))))
     return out, sources
+
+
+def _ladders(entry: Any) -> dict[str, list]:
+    """The fields of one grid.optimizer entry that are ladders: {field: its values}."""
+    if not isinstance(entry, dict):
+        return {}
+    return {key: value for key, value in entry.items() if isinstance(value, list) and value and (
+        not _tuple_valued(key) or all(isinstance(v, (list, tuple)) for v in value))}
+
+
+def _points(data: dict) -> dict[str, int]:
+    """{axis: its number of values} of a grid as written, ladders counted, not expanded."""
+    lengths = {}
+    for axis in Grid.model_fields:
+        value = data.get(axis, [None])
+        if axis == "optimizer" and isinstance(value, list):
+            lengths[axis] = sum(math.prod(len(v) for v in _ladders(entry).values()) for entry in value)
+        else:
+            lengths[axis] = len(value) if isinstance(value, list) else 1
+    return lengths
 
 
 def _fraction(value: Any) -> Any:
@@ -160,7 +176,9 @@ def _entry_class(config: type[OptimizerConfig]) -> type[OptimizerEntry]:
 
 
 class Grid(_Spec):
-    """Axes of the cartesian product; each is a list."""
+    """Axes of the cartesian product; each is a list. At most sweep.bounds.MAX_GRID_POINTS
+    (100,000) points in all, ladders expanded: the product of the axes' lengths is checked before
+    any point is built."""
 
     model: list[ModelConfig] = Field(min_length=1)
     """Model shapes: {depth: n} or {d_model, n_layers, n_heads, d_mlp}."""
@@ -182,6 +200,10 @@ class Grid(_Spec):
     @model_validator(mode="before")
     @classmethod
     def _expand_ladders(cls, data: Any) -> Any:
+        if isinstance(data, dict):  # its size from the axes' lengths, before any list of points is built
+            problem = grid_points_problem(_points(data))
+            if problem:
+                raise ValueError(problem)
         if isinstance(data, dict) and "optimizer" in data:
             data = {**data, "optimizer": expand_ladders(data["optimizer"])[0]}
         return data
@@ -193,6 +215,14 @@ class Grid(_Spec):
         if len(set(self.seed)) != len(self.seed):
             raise FieldError("seed", "seeds must be distinct")
         return self
+
+
+def _share(value: float, field: str) -> float:
+    """A CPU or GPU share per trial: at least sweep.bounds.MIN_SHARE (a GPU share may be 0)."""
+    problem = share_problem(value, zero_ok=field == "gpu")
+    if problem:
+        raise ValueError(problem)
+    return value
 
 
 def _check_sharding(sharding: str, workers: int, at: tuple) -> None:
@@ -214,6 +244,8 @@ class ResourceOverride(_Spec):
     sharding: Literal["ddp", "fsdp"] = "ddp"
     """ddp or fsdp for these trials (see Resources.sharding); an override does not inherit it."""
 
+    _shares = field_validator("cpu", "gpu")(lambda v, info: _share(v, info.field_name))
+
     @model_validator(mode="after")
     def _shards_over_workers(self) -> ResourceOverride:
         _check_sharding(self.sharding, self.workers, ())
@@ -224,9 +256,9 @@ class Resources(_Spec):
     """Per-trial resources; `by_size` raises them for larger models."""
 
     cpu: float = Field(default=1, gt=0)
-    """CPUs per trial (also the trial's torch thread count)."""
+    """CPUs per trial (also the trial's torch thread count); at least 0.01 (sweep.bounds.MIN_SHARE)."""
     gpu: float = Field(default=0, ge=0)
-    """GPUs per trial; a fraction (0.25) packs several small trials on one GPU."""
+    """GPUs per trial; a fraction (0.25) packs several small trials on one GPU; 0 or at least 0.01."""
     workers: int = Field(default=1, ge=1)
     """Data-parallel workers per trial (Ray Train's TorchTrainer, DDP); cpu and gpu are per worker.
     The global batch stays train.batch_size, split evenly over the workers."""
@@ -236,6 +268,8 @@ class Resources(_Spec):
     state; only the elementwise optimisers, study.optim.registry's `shardable`)."""
     by_size: list[ResourceOverride] = []
     """Overrides by parameter count; the largest min_params that applies wins."""
+
+    _shares = field_validator("cpu", "gpu")(lambda v, info: _share(v, info.field_name))
 
     @model_validator(mode="after")
     def _whole_gpus(self) -> Resources:

@@ -6,8 +6,10 @@ SQL is (comments, strings and quoted names are not read as words), then checked:
     no word that writes or reaches outside (INSERT, COPY, INTO, ATTACH, ...), wherever it is
     every FROM / JOIN item is one of the sweep's tables, a WITH name or a subquery: never a
     table function (`read_csv('/etc/hostname')` would read any file on the host)
-    at most MAX_TOKENS tokens and MAX_DEPTH nested brackets: Polars' parser recurses per term
-    and crashes the process (exit 139, no message) on a few thousand `1+1+...` terms
+    at most MAX_TOKENS tokens, MAX_DEPTH nested brackets and MAX_NESTING operators chained in
+    one expression (brackets around it counted): Polars recurses once per operator of a chain
+    and crashes the process (exit 139, no message) on about 950 `'a' || 'a' || ...` terms, 1900
+    `%` and a few thousand `+` (tests/test_sql_guard.py finds the limits by bisection)
 
 SqlRefused's message names what was refused and where (the word, its line).
 """
@@ -18,13 +20,21 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["MAX_DEPTH", "MAX_TOKENS", "SqlRefused", "check_select"]
+__all__ = ["MAX_DEPTH", "MAX_NESTING", "MAX_TOKENS", "SqlRefused", "check_select", "nesting"]
 
 MAX_TOKENS = 4000
 """Words, numbers, strings and symbols in one query (a hand-written one has a few hundred;
 Polars crashed at about 10,000 here)."""
 MAX_DEPTH = 64
 """Brackets inside brackets."""
+MAX_NESTING = 200
+"""Operators chained in one expression plus the brackets and the operators around it (an
+expression's depth, counted from above): Polars crashed (exit 139) at about 950 `||` here, so
+200 leaves a margin of over 4x; a hand-written query chains a few dozen."""
+OPERATORS = frozenset("|| + - * / % ^ & | = == < > <= >= <> != :: ~".split()) | frozenset(
+    "AND OR NOT IS LIKE ILIKE IN BETWEEN WHEN".split())
+"""What extends an expression by one level of Polars' recursion (unary or binary; WHEN: each
+branch of a CASE nests the next)."""
 
 CHANGES = frozenset("""INSERT UPDATE DELETE MERGE UPSERT REPLACE CREATE DROP ALTER TRUNCATE RENAME COPY
     ATTACH DETACH INTO PRAGMA SET RESET GRANT REVOKE EXPORT IMPORT INSTALL LOAD CALL EXECUTE EXEC
@@ -34,6 +44,8 @@ CHANGES = frozenset("""INSERT UPDATE DELETE MERGE UPSERT REPLACE CREATE DROP ALT
 ENDS_FROM = frozenset("WHERE GROUP HAVING ORDER LIMIT OFFSET UNION EXCEPT INTERSECT WINDOW QUALIFY ON USING "
                       "SELECT FETCH".split())
 JOINS = frozenset({"FROM", "JOIN"})
+_NEW_EXPRESSION = ENDS_FROM | JOINS | {"BY"}
+"""Words after which an expression starts afresh at its bracket level (as after a comma)."""
 FROM_AS_SYNTAX = frozenset({"EXTRACT", "TRIM", "SUBSTRING", "SUBSTR", "POSITION", "OVERLAY"})
 """Functions whose arguments say FROM (`EXTRACT(year FROM t)`): no table follows it there."""
 
@@ -106,6 +118,11 @@ def check_select(sql: str, tables: Iterable[str]) -> None:
             raise SqlRefused(f"{verb} changes nothing here: the tables are read-only views of the store; "
                              "read them with SELECT (or WITH ... SELECT)")
         raise SqlRefused(f"line {first.line}: starts with {first.text!r}; only SELECT (or WITH ... SELECT) is run")
+    deepest, at = nesting(toks)
+    if deepest > MAX_NESTING:
+        raise SqlRefused(f"line {at.line}: an expression nested over {MAX_NESTING} deep (operators chained and "
+                         "brackets around them); Polars would crash on it: split it, e.g. into a WITH step or "
+                         "concat(a, b, ...) for a long ||")
     ctes = {toks[i].name for i in range(1, len(toks) - 2)
             if toks[i].kind in ("word", "quoted") and (toks[i - 1].word in ("WITH", "RECURSIVE") or toks[i - 1].text == ",")
             and toks[i + 1].word == "AS" and toks[i + 2].text == "("}
@@ -136,6 +153,26 @@ def check_select(sql: str, tables: Iterable[str]) -> None:
             from_at.discard(depth)
         elif tok.text == "," and depth in from_at:
             _check_source(after, tok, allowed, ctes, toks[i + 2] if i + 2 < len(toks) else None)
+
+
+def nesting(toks: list[Token]) -> tuple[int, Token | None]:
+    """(the deepest expression, counted from above: at each open bracket level, the operators
+    chained since that level's last comma or clause word, plus the brackets; the token there)."""
+    chains, deepest, at = [0], 0, None
+    for tok in toks:
+        if tok.text == "(":
+            chains.append(0)
+        elif tok.text == ")":
+            if len(chains) > 1:
+                chains.pop()
+        elif tok.text == "," or tok.word in _NEW_EXPRESSION:
+            chains[-1] = 0
+        elif tok.text in OPERATORS or tok.word in OPERATORS:
+            chains[-1] += 1
+        depth = sum(chains) + len(chains) - 1
+        if depth > deepest:
+            deepest, at = depth, tok
+    return deepest, at
 
 
 def _check_source(item: Token | None, before: Token, allowed: set[str], ctes: set[str], then: Token | None) -> None:

@@ -18,9 +18,11 @@ results store never depends on it, so no result row is lost.
 from __future__ import annotations
 
 import math
+import netrc
 import os
 import re
 import sys
+import urllib.parse
 from pathlib import Path
 
 from study.config import TrialConfig
@@ -88,13 +90,30 @@ def check(kind: str, target: str | None) -> str:
     project = target or os.environ.get("WANDB_PROJECT") or DEFAULT_WANDB_PROJECT
     if os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun"):
         return project
-    if not (os.environ.get("WANDB_API_KEY") or wandb.Api(timeout=10).api_key):
-        raise TrackerError("--tracker wandb: no W&B API key (run `wandb login`, or set WANDB_MODE=offline)")
+    if not _wandb_key():  # before any call: wandb.Api() itself raises without a key
+        raise TrackerError("--tracker wandb: no W&B API key: run `wandb login` (or set WANDB_API_KEY), "
+                           "or set WANDB_MODE=offline to log locally and `wandb sync` later")
     try:
         wandb.Api(timeout=10).viewer  # noqa: B018 - one authenticated request
-    except Exception as exc:
+    except Exception as exc:  # a key that is refused, a server that does not answer
         raise TrackerError(f"--tracker wandb: the W&B server cannot be reached: {_first_line(exc)}") from None
     return project
+
+
+def _wandb_key() -> str | None:
+    """The W&B API key where wandb looks for one (WANDB_API_KEY, then the netrc entry of the W&B
+    host that `wandb login` writes), read without wandb; None where there is none or the netrc
+    cannot be read."""
+    if os.environ.get("WANDB_API_KEY"):
+        return os.environ["WANDB_API_KEY"]
+    host = urllib.parse.urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname
+    home = Path("~").expanduser()
+    path = os.environ.get("NETRC") or next((str(home / n) for n in (".netrc", "_netrc") if (home / n).exists()), None)
+    try:
+        auth = netrc.netrc(path).authenticators(host or "") if path else None
+    except (OSError, netrc.NetrcParseError, ValueError):
+        return None
+    return auth[2] if auth and auth[2] else None
 
 
 def _mlflow_experiment(uri: str, sweep: str) -> str:

@@ -22,6 +22,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from resultstore.lock import HOLDING_ENV
 from resultstore.writer import ResultsStore, StoreSink
 from study.config import TrialConfig
 from study.data import check_corpus
@@ -141,6 +142,15 @@ def train_worker(config: dict) -> None:
     cwd = config.get("cwd")
     if cwd and os.path.isdir(cwd):
         os.chdir(cwd)
+    if config.get("lock_token"):  # each write checks the driver still holds the sweep (as run_holding)
+        os.environ[HOLDING_ENV] = config["lock_token"]
+    try:
+        _train_worker(config)
+    finally:
+        os.environ.pop(HOLDING_ENV, None)
+
+
+def _train_worker(config: dict) -> None:
     cfg = TrialConfig.model_validate_json(config["trial"])
     check_corpus(cfg.data)  # this worker's view of the corpus the driver checked
     store = ResultsStore(config["results"], cfg.sweep)
@@ -178,7 +188,8 @@ def train_workers(cfg: TrialConfig, store: ResultsStore, want: dict, config: dic
     trainer = TorchTrainer(
         train_worker,
         train_loop_config={"trial": cfg.model_dump_json(), "results": config["results"], "cwd": config.get("cwd"),
-                           "progress": progress, "sharding": want.get("sharding", "ddp")},
+                           "progress": progress, "sharding": want.get("sharding", "ddp"),
+                           "lock_token": config.get("lock_token")},
         torch_config=TorchConfig(backend="nccl" if want["gpu"] else "gloo"),
         scaling_config=ScalingConfig(num_workers=int(want["workers"]), use_gpu=bool(want["gpu"]),
                                      resources_per_worker=per_worker),

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -197,3 +198,35 @@ def test_muon_ends_fields_keep_old_ids_and_change_new_ones():
         make(optimizer={"name": "muon", "lr": 3e-3, "muon_ends": "lion"})
     with pytest.raises(ValidationError):
         make(optimizer={"name": "muon", "lr": 3e-3, "muon_ends_lr_ratio": 0})
+
+
+def test_a_written_entry_is_refused_a_field_its_optimizer_lacks_at_any_value_a_stored_one_is_not():
+    """Item 9 of issue 50: a spec's `{name: adam, momentum: 0.9}` was dropped without a word because
+    0.9 is the old flat config's default; read with context WRITTEN it is refused, while every
+    config_json of the kept stores (which carries those fields at their defaults) reads back to
+    its own trial id."""
+    import glob
+
+    import pyarrow.parquet as pq
+
+    from study.optim.registry import ID_FIELDS, WRITTEN, OptimizerConfig
+
+    for key, value in [("momentum", 0.9), ("rotate", "residual"), ("muon_ends", "adamw"), ("betas", [0.9, 0.95])]:
+        name = "sgd" if key == "betas" else "adam"
+        entry = {"name": name, "lr": 1e-3, key: value}
+        assert OptimizerConfig.model_validate(entry).name == name  # stored: read and dropped
+        with pytest.raises(ValidationError) as info:
+            OptimizerConfig.model_validate(entry, context=WRITTEN)
+        assert [(e["loc"], e["msg"].split(" (")[0]) for e in info.value.errors()] == [
+            ((key,), f"{key} does not apply to {name}")]
+    with pytest.raises(ValidationError):  # through a whole trial too (a nested model keeps the context)
+        TrialConfig.model_validate({**json.loads(make().config_json()), "optimizer": {
+            "name": "adam", "lr": 1e-3, "momentum": 0.9}}, context=WRITTEN)
+    root = Path(__file__).parent.parent / "docs" / "stores"
+    rows = [r for f in sorted(glob.glob(str(root / "*" / "runs" / "*.parquet")))
+            for r in pq.read_table(f, columns=["trial_id", "config_json"]).to_pylist()]
+    assert len(rows) > 100
+    for row in rows:
+        stored = json.loads(row["config_json"])
+        assert set(ID_FIELDS) <= set(stored["optimizer"])  # the flat config's fields, at their defaults
+        assert TrialConfig.model_validate_json(row["config_json"]).trial_id == row["trial_id"]

@@ -205,3 +205,33 @@ def test_a_holder_whose_lock_is_taken_stops_before_its_next_write_and_says_why(t
                 writer.write_run({"trial_id": "abc", "status": "failed"})
     assert sorted(p.name for p in (tmp_path / "s").rglob("*.parquet")) == ["abc.000000001-000000001.parquet"]
     assert json.loads((tmp_path / "s" / "run.lock").read_text())["token"] == "theirs"  # theirs, not released
+
+
+def test_an_s3_endpoint_that_dies_mid_run_does_not_hide_the_first_error(monkeypatch):
+    """Issue 50 item 5 (seen once): the endpoint gone, the lock's release raised (botocore's
+    EndpointConnectionError) from `finally` and replaced the error that ended the run. Now the
+    first error is what the run ends with; the lease expires on its own."""
+    from conftest import S3_ENV, start_moto
+
+    proc, url = start_moto()
+    try:
+        for k, v in {**S3_ENV, "AWS_ENDPOINT_URL": url}.items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+        import pyarrow.fs as pafs
+
+        pafs.S3FileSystem(endpoint_override=url, region="us-east-1", allow_bucket_creation=True).create_dir("gone")
+        store = ResultsStore("s3://gone/run", "s")
+        with pytest.raises(RuntimeError, match="the first error"):
+            with store.writing("sweep run", repair=False):
+                assert SweepLock(store).holder()["token"] == store.holding
+                proc.kill()
+                proc.wait()
+                raise RuntimeError("the first error")
+        assert store.holding is None
+        lock = SweepLock(store)
+        lock._version = "an-etag"  # as if held: release reaches the dead endpoint and says nothing
+        lock.release()
+    finally:
+        proc.kill()
+        proc.wait()

@@ -107,6 +107,9 @@ def test_an_interrupted_probe_redoes_only_what_has_no_file(sweep_dir):
     ("layer", ["{sweep}", "--layers", "0,3"], "--layers: layer 3 is out of range for trial"),
     ("layers syntax", ["{sweep}", "--layers", "last"], "--layers: 'last' is not a comma-separated list"),
     ("k", ["{sweep}", "--k", "0"], "--k: Input should be greater than or equal to 1"),
+    ("k over latents", ["{sweep}", "--k", "100000"], "--k: 100000 is more than the 128 latents of trial"),  # was accepted
+    ("k over latents at expansion 1", ["{sweep}", "--k", "17", "--expansion", "1"],
+     "--k: 17 is more than the 16 latents of trial"),
     ("optimiser", ["{sweep}", "--sae-optimizers", "adam,lion"], "--sae-optimizers: lion"),
     ("no weights", ["{sweep}"], "no final weights"),
 ])

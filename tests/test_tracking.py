@@ -179,6 +179,35 @@ def test_a_missing_or_unreachable_tracker_is_one_line_and_exit_2_before_anything
         assert not (tmp_path / "r" / "tracked" / "runs").exists()
 
 
+def test_wandb_without_a_key_is_exit_2_with_how_to_log_in_before_any_wandb_call(tmp_path, monkeypatch):
+    """Issue 50 item 5: the key check called wandb.Api(), which raises UsageError without a key (a
+    traceback). Now the key is looked up where wandb looks (WANDB_API_KEY, the host's netrc entry)."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text(json.dumps(SPEC))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "NETRC"))}
+    env.update(HOME=str(tmp_path), WANDB_MODE="online")
+    proc = subprocess.run([sys.executable, "-m", "sweep.cli", "run", str(spec), "--results", str(tmp_path / "r"),
+                           "--tracker", "wandb"], capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == ("error: --tracker wandb: no W&B API key: run `wandb login` (or set WANDB_API_KEY), "
+                                   "or set WANDB_MODE=offline to log locally and `wandb sync` later")
+    assert not (tmp_path / "r").exists()
+    for name, value in [("WANDB_API_KEY", None), ("WANDB_BASE_URL", None), ("NETRC", None)]:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert tracking._wandb_key() is None
+    (tmp_path / ".netrc").write_text("machine example.com login u password other\n"
+                                     "machine api.wandb.ai login user password k123\n")
+    assert tracking._wandb_key() == "k123"  # as `wandb login` writes it
+    monkeypatch.setenv("WANDB_BASE_URL", "https://example.com")
+    assert tracking._wandb_key() == "other"  # a server of one's own
+    (tmp_path / "bad").write_text("machine\n")
+    monkeypatch.setenv("NETRC", str(tmp_path / "bad"))
+    assert tracking._wandb_key() is None  # a netrc that cannot be parsed: no key, not a traceback
+    monkeypatch.setenv("WANDB_API_KEY", "envkey")
+    assert tracking._wandb_key() == "envkey"
+
+
 def test_a_missing_extra_is_named(monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # as if the [track] extra were not installed
     with pytest.raises(tracking.TrackerError, match=r"--tracker wandb: the wandb package is not installed "

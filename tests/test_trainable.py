@@ -3,6 +3,7 @@ a real S3 API (moto's server, started and stopped by the conftest fixture), resu
 checkpoint it keeps in the bucket after one of its workers is killed, and reporting every eval
 to Tune while it trains."""
 
+import os
 import threading
 import time
 
@@ -195,3 +196,28 @@ def test_sweep_train_sets_a_checkpoint_that_cannot_be_loaded_aside_and_starts_ov
     assert f"checkpoint {checkpoint} cannot be loaded" in said and "restarts from step 0" in said, result.output
     assert (tmp_path / "smoke" / "quarantine" / "trials" / trial / "checkpoint.pt").exists()
     assert all(store.read(t).select(k).sort(k).equals(want[t]) for t, k in keys.items())
+
+
+def test_a_ray_train_worker_writes_only_while_the_driver_holds_the_sweep(tmp_path, monkeypatch):
+    """Issue 50: multi-worker trials did not get the driver's lock token (launch.run_holding gave
+    it to one-worker trials only), so a worker of a driver paused past its lease and taken over
+    kept writing. train_worker (what each Ray Train worker runs), called here as rank 0 alone:
+    with a token that is not the lock's it writes nothing; with the holder's it trains and writes."""
+    from resultstore.lock import HOLDING_ENV, LockLost, SweepLock
+    from resultstore.writer import ResultsStore
+    from study.config import TrialConfig
+    from sweep.trainable import train_worker
+
+    monkeypatch.delenv(HOLDING_ENV, raising=False)
+    cfg = TrialConfig(model={"d_model": 16, "n_layers": 1, "n_heads": 2}, optimizer={"name": "adam", "lr": 1e-3},
+                      train={"steps": 4, "batch_size": 2, "eval_every": 4, "eval_batch": {"sequences": 1},
+                             "invariance_check": False}, data={"seq_len": 8}, sweep="held")
+    store = ResultsStore(tmp_path, "held")
+    with SweepLock(store) as lock:
+        config = {"trial": cfg.model_dump_json(), "results": str(tmp_path), "lock_token": "not-the-holders"}
+        with pytest.raises(LockLost, match="is no longer this run's"):
+            train_worker(config)
+        assert HOLDING_ENV not in os.environ  # the worker process is left as it was
+        assert not list((tmp_path / "held").glob("runs/*.parquet"))
+        train_worker({**config, "lock_token": lock.token})
+    assert len(list((tmp_path / "held").glob("runs/*.parquet"))) >= 1

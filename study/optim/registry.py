@@ -19,14 +19,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from resultstore.schema import FAMILY_MEANING, Family, Role, declare_runs_column, role_of, runs_columns as schema_columns
 from study.frozen import FieldError, _Frozen
 
 __all__ = [
-    "FAMILIES", "ID_FIELDS", "OPTIMIZERS", "PER_COORDINATE_GAINS", "Optimizer", "OptimizerConfig", "Trial",
+    "FAMILIES", "ID_FIELDS", "OPTIMIZERS", "PER_COORDINATE_GAINS", "WRITTEN", "Optimizer", "OptimizerConfig", "Trial",
     "optimizer_columns", "optimizer_family", "optimizer_names", "register", "runs_columns", "sharding_problem",
 ]  # fmt: skip
 
@@ -46,6 +46,9 @@ class: every stored trial_id hashes them all, so an optimiser's JSON still holds
 lacks, at this value, and reading a stored config accepts (and drops) them there."""
 _LATER_FIELDS = {"soap_vectors": "adam", "muon_ends": "adamw", "muon_ends_lr_ratio": 1.0}
 """Fields of that flat config that ids left out at their default (its id_optional)."""
+WRITTEN = {"written": True}
+"""The validation context of a config a user wrote (a spec's entry), not one read from a store:
+`Model.model_validate(data, context=WRITTEN)` refuses a field its optimiser lacks at any value."""
 
 
 class Trial(Protocol):
@@ -92,7 +95,7 @@ class OptimizerConfig(_Frozen):
 
     @model_validator(mode="wrap")
     @classmethod
-    def _by_name(cls, data: Any, handler: Any) -> Any:
+    def _by_name(cls, data: Any, handler: Any, info: ValidationInfo) -> Any:
         if isinstance(data, dict):
             if cls.__dict__.get("chooses_by_name"):
                 name = data.get("name")
@@ -103,20 +106,21 @@ class OptimizerConfig(_Frozen):
                     expected = f"{', '.join(names[:-1])} or {names[-1]}"
                     raise ValidationError.from_exception_data(cls.__name__, [InitErrorDetails(
                         type="literal_error", loc=("name",), input=name, ctx={"expected": expected})])
-                return cls.chosen(OPTIMIZERS[name].config).model_validate(data)
-            data = cls._applicable(data)
+                return cls.chosen(OPTIMIZERS[name].config).model_validate(data, context=info.context)
+            data = cls._applicable(data, written=bool((info.context or {}).get("written")))
         return handler(data)
 
     @classmethod
-    def _applicable(cls, data: dict) -> dict:
+    def _applicable(cls, data: dict, written: bool = False) -> dict:
         """`data` without the fields of the old flat config that this optimiser lacks and that hold
-        the value every stored config carries; any other field it lacks is refused at its place."""
+        the value every stored config carries; any other field it lacks is refused at its place.
+        `written` (a spec's entry, context WRITTEN): every field it lacks is refused, at any value."""
         fields, problems, out = cls.model_fields, [], {}
         old = {**ID_FIELDS, **_LATER_FIELDS}
         for key, value in data.items():
             if key in fields:
                 out[key] = value
-            elif key in old and _plain(value) == old[key]:
+            elif key in old and _plain(value) == old[key] and not written:
                 continue
             else:
                 known = any(key in e.config.model_fields for e in OPTIMIZERS.values()) or key in old
