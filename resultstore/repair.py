@@ -134,7 +134,8 @@ def quarantine_weights(store, load_check: LoadCheck) -> list[str]:
                          f"{store.uri}/quarantine/ and it will run again")
         elif store.fs.get_file_info(f"{store.path}/{rel}").type == pafs.FileType.File:
             store._move_aside(rel)
-            moved.append(f"{store.uri}/{rel}: cannot be loaded ({why}); moved to {store.uri}/quarantine/")
+            moved.append(f"checkpoint {store.uri}/{rel} cannot be loaded ({why}); moved to {store.uri}/quarantine/; "
+                         "its trial, if not finished, restarts from step 0")
     return moved
 
 
