@@ -173,6 +173,10 @@ def test_keep_store_copies_a_real_store_byte_for_byte_only_what_it_lacks(tmp_pat
     for table in ("runs", "metrics", "curves", "checks"):
         a, b = (pl.read_parquet(f"{s}/{table}/*.parquet") for s in (source, dest))
         assert a.height == b.height > 0, table
+        # the runs row is rewritten in today's schema: columns added since (parametrization, ...) are
+        # null there, every other value as the source holds it
+        assert all(b.get_column(c).is_null().all() for c in set(b.columns) - set(a.columns)), table
+        b = b.select(a.columns)
         assert a.sort(a.columns[:3]).equals(b.sort(b.columns[:3])), table
 
     again = keep(source, dest)
