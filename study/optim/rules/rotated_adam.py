@@ -170,18 +170,20 @@ class RotatedAdam(torch.optim.Optimizer):
             }
 
     def _make_bases(self, p: Tensor, index: int, name: str) -> tuple[Tensor | None, Tensor | None]:
+        """This parameter's (Qo, Qi). Reads only self's _bases, _index_dims, rotate, d_model and seed,
+        so the rotated twins' RotatedBasis draws its bases with this very function."""
         shape2 = _shape2(p)
-        explicit = self._lookup(self._bases, p, index, name, default=_MISSING)
+        explicit = RotatedAdam._lookup(self._bases, p, index, name, default=_MISSING)
         if explicit is not _MISSING:
-            return self._check_explicit(explicit, shape2, p, name)
+            return RotatedAdam._check_explicit(explicit, shape2, p, name)
         if not shape2:
             return None, None
-        skip = self._lookup(self._index_dims, p, index, name) or ()
+        skip = RotatedAdam._lookup(self._index_dims, p, index, name) or ()
         if self.rotate == "all":
             rot = [True] * len(shape2)
         else:
             if self.d_model is None:
-                raise ValueError(f"RotatedAdam(rotate='residual') needs d_model (no explicit bases for {name})")
+                raise ValueError(f"{type(self).__name__}(rotate='residual') needs d_model (no explicit bases for {name})")
             rot = [n == self.d_model and d not in skip for d, n in enumerate(shape2)]
         if not any(rot):
             return None, None

@@ -28,11 +28,9 @@ import torch
 from torch import Tensor
 
 from study.optim.rules.rotated_adam import BasisKey, RotatedAdam, _from_basis, _keyed, _shape2, _to_basis
-from study.rotation import generator_for, random_orthogonal
 
 __all__ = ["RotatedBasis"]
 
-_MISSING = object()
 _BASES = ("basis_out", "basis_in")
 
 
@@ -134,26 +132,7 @@ class RotatedBasis(torch.optim.Optimizer):
                     raise ValueError(f"RotatedBasis does not support sparse parameters ({name})")
                 self.state[p] = dict(zip(_BASES, self._make_bases(p, index, name)))
 
-    def _make_bases(self, p: Tensor, index: int, name: str) -> tuple[Tensor | None, Tensor | None]:
-        """Exactly RotatedAdam's bases for this parameter (tests/test_twins.py checks it)."""
-        shape2 = _shape2(p)
-        explicit = RotatedAdam._lookup(self._bases, p, index, name, default=_MISSING)
-        if explicit is not _MISSING:
-            return RotatedAdam._check_explicit(explicit, shape2, p, name)
-        if not shape2:
-            return None, None
-        skip = RotatedAdam._lookup(self._index_dims, p, index, name) or ()
-        if self.rotate == "all":
-            rot = [True] * len(shape2)
-        else:
-            if self.d_model is None:
-                raise ValueError(f"RotatedBasis(rotate='residual') needs d_model (no explicit bases for {name})")
-            rot = [n == self.d_model and d not in skip for d, n in enumerate(shape2)]
-        if not any(rot):
-            return None, None
-        gen = generator_for(self.seed, "optim", name)  # Qo then Qi, as RotatedAdam draws them
-        qs = [random_orthogonal(n, gen).to(device=p.device, dtype=p.dtype) if r else None for n, r in zip(shape2, rot)]
-        return (qs[0], qs[1] if len(qs) > 1 else None)
+    _make_bases = RotatedAdam._make_bases  # exactly rotated_adam's bases (tests/test_twins.py checks it)
 
     def _build_buckets(self) -> None:
         """Stack the bases of equal-shaped rotated parameters, give each a shadow (a view of its
