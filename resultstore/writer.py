@@ -144,9 +144,10 @@ class ResultsStore:
         return {i.path.rsplit("/", 2)[-2] for i in listing
                 if i.type == pafs.FileType.File and i.base_name == FINAL_WEIGHTS}
 
-    def write_sae(self, trial_id: str, layer: int, sae_optimizer: str, rows: list[dict]) -> None:
-        """One (trial, layer, SAE optimiser)'s rows (both bases), atomically: a re-write replaces it."""
-        self._write_atomic(f"sae/{trial_id}.L{layer}.{sae_optimizer}.parquet", _to_table("sae", rows))
+    def write_sae(self, trial_id: str, layer: int, sae_optimizer: str, rows: list[dict], variant: str = "") -> None:
+        """One (trial, layer, SAE optimiser, SAE config)'s rows (both bases), atomically: a re-write
+        replaces it. `variant`: "" for the default SAE config, else ".<hash>" (sweep.probe.file_variant)."""
+        self._write_atomic(f"sae/{trial_id}.L{layer}.{sae_optimizer}{variant}.parquet", _to_table("sae", rows))
 
     def copy_finished(self, source: ResultsStore, trial_ids: Iterable[str]) -> list[str]:
         """Copy each of `trial_ids` that `source` (another sweep's store) finished, done or diverged

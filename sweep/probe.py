@@ -6,10 +6,12 @@
 For each selected done trial (its final weights in trials/<id>/final.pt), each chosen layer and
 each SAE optimiser, a task trains the SAE on the held-out split's residual activations in the
 stored basis and in a fixed random one (study.sae.probe_layer) and writes the two rows as one
-file, sae/<trial>.L<layer>.<optimiser>.parquet, atomically. A re-run skips every (trial, layer,
-basis, SAE optimiser) already in the table, so it is a no-op once everything is there; an
-interrupted run redoes only what has no file. Settings (k, tokens, ...) are in each row's
-sae_config_json; rows already there are kept whatever the new settings (delete sae/ to redo).
+file, sae/<trial>.L<layer>.<optimiser>.parquet (with .<hash of the SAE config> before .parquet
+when the config is not the default), atomically. A re-run skips every (trial, layer, SAE
+optimiser, SAE config) whose rows are there in both bases, so it is a no-op once everything is
+there; an interrupted run redoes only what has no file; another config (--k, --expansion, ...) is
+another unit, trained beside the first. The config is each row's sae_config_json (--tokens is not
+in it: a second probe at another --tokens alone is done).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import math
 import os
 import time
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass
 
 import polars as pl
@@ -116,7 +119,7 @@ def plan_probe(store: ResultsStore, *, where: str | None = None, layers: list[in
             if not 0 <= layer <= n:
                 raise ProbeInputError(f"--layers: layer {layer} is out of range for trial {tid} "
                                       f"(0 = embeddings .. {n} = last block)")
-            todo = tuple(o for o in sae_optimizers if (tid, layer, o) not in done)
+            todo = tuple(o for o in sae_optimizers if (tid, layer, o, config_json(sae, o)) not in done)
             skipped += len(sae_optimizers) - len(todo)
             if todo:
                 tasks.append(ProbeTask(tid, row["config_json"], layer, todo))
@@ -131,12 +134,30 @@ def refuse_where(where: str) -> None:
         raise ProbeInputError(f"--where: {exc}") from None
 
 
-def _done_units(store: ResultsStore) -> set[tuple[str, int, str]]:
-    """(trial, layer, SAE optimiser) with a row in every basis."""
+def _done_units(store: ResultsStore) -> set[tuple[str, int, str, str]]:
+    """(trial, layer, SAE optimiser, sae_config_json) with a row in every basis."""
     rows = store.read("sae")
-    have = rows.group_by("trial_id", "layer", "sae_optimizer").agg(pl.col("basis").unique())
-    return {(r["trial_id"], r["layer"], r["sae_optimizer"]) for r in have.iter_rows(named=True)
+    have = rows.group_by("trial_id", "layer", "sae_optimizer", "sae_config_json").agg(pl.col("basis").unique())
+    return {(r["trial_id"], r["layer"], r["sae_optimizer"], r["sae_config_json"]) for r in have.iter_rows(named=True)
             if set(BASES) <= set(r["basis"])}
+
+
+def config_json(sae: Any, optimizer: str) -> str:
+    """The sae_config_json a unit's rows carry: the probe's SAE config with this optimiser."""
+    return sae.model_copy(update={"optimizer": optimizer}).model_dump_json()
+
+
+def file_variant(sae: Any) -> str:
+    """"" for the default SAE config (the file names of every store before configs were told
+    apart), else "." and 8 hex digits of its JSON's sha256 (its optimiser left out)."""
+    import hashlib
+
+    from study.sae import SAEConfig
+
+    plain = sae.model_copy(update={"optimizer": "adam"})
+    if plain == SAEConfig():
+        return ""
+    return "." + hashlib.sha256(plain.model_dump_json().encode()).hexdigest()[:8]
 
 
 def random_basis(seed: int, layer: int, d_model: int):
@@ -175,7 +196,7 @@ def probe_task(uri: str, task: ProbeTask, tokens: int, sae_json: str, threads: i
     for optimizer in task.sae_optimizers:
         sae_cfg = SAEConfig.model_validate_json(sae_json).model_copy(update={"optimizer": optimizer})
         rows = [{"trial_id": task.trial_id, **r} for r in probe_layer(model, x, y, task.layer, sae_cfg, basis)]
-        store.write_sae(task.trial_id, task.layer, optimizer, rows)
+        store.write_sae(task.trial_id, task.layer, optimizer, rows, variant=file_variant(sae_cfg))
         written += len(rows)
     return written
 

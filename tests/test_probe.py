@@ -16,7 +16,8 @@ from resultstore.writer import ResultsStore
 from study.config import TrialConfig
 from study.train import train
 from sweep.cli import app
-from sweep.probe import plan_probe
+from study.sae import SAEConfig
+from sweep.probe import file_variant, plan_probe
 
 TRIAL = {"model": {"d_model": 16, "n_layers": 2, "n_heads": 2}, "norm": "rmsnorm_scalar",
          "data": {"seq_len": 16}, "train": {"steps": 8, "batch_size": 4, "eval_every": 4, "eval_batch": {"sequences": 2}},
@@ -90,7 +91,8 @@ def test_an_interrupted_probe_redoes_only_what_has_no_file(sweep_dir):
     store = ResultsStore(sweep_dir.parent, "tiny")
     tid = store.read("runs")["trial_id"].sort()[0]
     def rows(layer, opt, bases):
-        return [{"trial_id": tid, "layer": layer, "basis": b, "sae_optimizer": opt, "fve": 0.5} for b in bases]
+        return [{"trial_id": tid, "layer": layer, "basis": b, "sae_optimizer": opt, "fve": 0.5,
+                 "sae_config_json": SAEConfig(optimizer=opt).model_dump_json()} for b in bases]
 
     store.write_sae(tid, 2, "adam", rows(2, "adam", ("stored", "random")))
     store.write_sae(tid, 1, "sgd", rows(1, "sgd", ("stored",)))  # only one basis: not finished
@@ -98,6 +100,12 @@ def test_an_interrupted_probe_redoes_only_what_has_no_file(sweep_dir):
     assert plan.done == 1
     assert sorted((t.trial_id == tid, t.layer, t.sae_optimizers) for t in plan.tasks) == [
         (False, 1, ("adam", "sgd")), (False, 2, ("adam", "sgd")), (True, 1, ("adam", "sgd")), (True, 2, ("sgd",))]
+    # issue 50: a probe with another SAE config is another unit, not "done" by the default's rows,
+    # and its file sits beside the default's instead of replacing it
+    other = plan_probe(store, layers=[1, 2], sae_json=SAEConfig(k=4).model_dump_json())
+    assert other.done == 0 and len(other.tasks) == 4
+    assert file_variant(SAEConfig()) == "" and file_variant(SAEConfig(optimizer="sgd")) == ""
+    assert file_variant(SAEConfig(k=4)) == file_variant(SAEConfig(k=4, optimizer="sgd")) != ""
 
 
 @pytest.mark.parametrize("case, args, message", [
