@@ -13,7 +13,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from sweep.cli_store import ResultsOpt, SpecArg, SweepArg, load, open_store, refuse_damaged, sweep_folder, sweep_store
+from sweep.cli_store import (ResultsOpt, SpecArg, SweepArg, config_problem, load, open_store, refuse_damaged, sweep_folder,
+                             sweep_store)
 from sweep.console import bad_input, duration, err, human, launch_deadline, out, q, reason, refuse
 
 if TYPE_CHECKING:
@@ -212,9 +213,13 @@ def reused_store(reuse: str, results: str, name: str, trials) -> ResultsStore:
     source = sweep_store(folder)
     refuse_damaged(source, "reuse")
     statuses = source.statuses()
-    n = sum(statuses.get(t.trial_id) in FINISHED for t in trials)
-    out.print(f"--reuse {q(source.uri)}: {n} of the spec's {len(trials)} trials finished there", highlight=False)
+    wanted = [t.trial_id for t in trials if statuses.get(t.trial_id) in FINISHED]
+    if problem := config_problem(source, wanted):
+        raise bad_input(f"--reuse {reuse}: {problem}")
+    out.print(f"--reuse {q(source.uri)}: {len(wanted)} of the spec's {len(trials)} trials finished there",
+              highlight=False)
     return source
+
 
 
 def run_summary(outcome) -> str:

@@ -10,7 +10,8 @@ import typer
 
 from sweep.console import bad_input, refuse
 
-__all__ = ["ResultsOpt", "SpecArg", "SweepArg", "load", "open_store", "refuse_damaged", "sweep_folder", "sweep_store"]
+__all__ = ["ResultsOpt", "SpecArg", "SweepArg", "config_problem", "load", "open_store", "refuse_damaged", "sweep_folder",
+           "sweep_store"]
 
 SpecArg = Annotated[Path, typer.Argument(help="Sweep spec YAML (see specs/).", show_default=False)]
 ResultsOpt = Annotated[str, typer.Option("--results", "-r", help="Results root, a folder or s3:// / gs:// URI; "
@@ -84,3 +85,22 @@ def refuse_damaged(store, verb: str, *, rows: bool = True, pages: bool | None = 
     from sweep.store_health import check
 
     refuse(check(store, rows=rows, pages=pages).refusal(verb, store.uri))
+
+
+def config_problem(store, trial_ids: list[str]) -> str | None:
+    """Why a runs row `--reuse` would copy holds a config_json that is not a JSON object of that
+    trial (it is rewritten for this sweep on the copy), or None."""
+    import json
+
+    import polars as pl
+
+    runs = store.read("runs").filter(pl.col("trial_id").is_in(trial_ids)).select("trial_id", "config_json")
+    for tid, text in runs.iter_rows():
+        try:
+            ok = isinstance(json.loads(text or ""), dict)
+        except ValueError:
+            ok = False
+        if not ok:
+            return (f"{store.uri}/runs: trial {tid}'s config_json is not a JSON object ({(text or '')[:40]!r}); "
+                    "that store's runs row is damaged: re-run that trial there, or leave --reuse out")
+    return None

@@ -264,6 +264,26 @@ def test_run_reuse_copies_another_sweep_s_finished_trials_and_trains_nothing(tmp
     assert sorted(copied["trial_id"]) == sorted(t.trial_id for t in trials) and set(copied["sweep"]) == {"smoke_again"}
 
 
+def test_run_reuse_of_a_store_whose_config_json_is_garbage_exits_2_naming_it(tmp_path):
+    """Issue 50 (seen once): --reuse over a runs row whose config_json is not JSON was a traceback
+    at the copy; now exit 2 before anything, naming the store and the trial, nothing written."""
+    from resultstore.writer import ResultsStore
+    from sweep.cli import load
+    from sweep.trainable import failed_row
+
+    _, trials = load(SMOKE)
+    source = ResultsStore(tmp_path / "old", "smoke")
+    for t in trials:
+        source.write_run({**failed_row(t, "loss 1e9 > 20 x initial"), "status": "diverged", "steps": 12,
+                          "config_json": "{not json" if t is trials[0] else failed_row(t, "")["config_json"]})
+    renamed = tmp_path / "again.yaml"
+    renamed.write_text(SMOKE.read_text().replace("name: smoke", "name: smoke_again"))
+    r = invoke("run", renamed, "--results", tmp_path / "new", "--reuse", source.uri)
+    flat = " ".join(r.output.split())
+    assert r.exit_code == 2 and f"trial {trials[0].trial_id}'s config_json is not a JSON object" in flat, r.output
+    assert "Traceback" not in r.output and not (tmp_path / "new").exists()
+
+
 @pytest.mark.parametrize("where", ["own", "nothing"])
 def test_run_reuse_of_its_own_store_or_of_nothing_exits_2_before_anything(tmp_path, where):
     reuse = tmp_path / "r" / "smoke" if where == "own" else tmp_path / "nowhere"
