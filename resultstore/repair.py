@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from resultstore.keys import Duplicate, duplicates as find_duplicates, intruders
+from resultstore.keys import KEYS, Duplicate, duplicates as find_duplicates, intruders
 from resultstore.layout import CHECKPOINT, FINAL_WEIGHTS, page_error, trial_of
 from resultstore.schema import ARROW, TABLES
 from resultstore.uri import first_line
@@ -44,11 +44,13 @@ def damaged(store, *, pages: bool = False) -> list[tuple[str, str, str]]:
                     raise ValueError(f"holds {footer.metadata.num_rows} rows; a runs file holds its trial's one "
                                      "row, written by `sweep run`")
                 # a file of another table (a sweep nested in this one's metrics/) lacks its keys
-                missing = [c for c in ("trial_id", "step") if c in want.names and c not in schema.names]
+                missing = [c for c in KEYS[table] if c not in schema.names]
+                missing += [f"unknown {c}" for c in schema.names if c not in want.names]  # another table's, or none
                 clash = [c for c in schema.names if c in want.names and schema.field(c).type != want.field(c).type
                          and not pa.types.is_null(schema.field(c).type)]
                 if missing or clash:
-                    raise ValueError(f"schema: missing {missing} / wrong type {clash}")
+                    raise ValueError(f"schema: missing {missing} / wrong type {clash} (the {table} table's "
+                                     f"columns are resultstore/schema.py's)")
                 why = page_error(store.fs, path) if pages else None
                 if why is not None:
                     raise ValueError(f"data page: {why}")

@@ -365,3 +365,25 @@ def test_a_checkpoint_that_cannot_be_loaded_is_named_by_verify(sweep, name):
         pass
     assert (sweep / "quarantine" / "trials" / trial / name).exists()
     assert store.completed_ids() == (set() if name == "final.pt" else {trial})  # a bad final.pt: trained again
+
+
+def test_a_part_of_the_wrong_schema_is_named_by_verify_and_query_and_set_aside_by_run(sweep):
+    """Issue 50 (seen once): a checks part holding another schema (its key columns missing, a column
+    the contract lacks) was read as rows: verify said "verified" and query counted it. Now every
+    verb names it and `sweep run` moves it to quarantine/ and re-runs its trial."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sweep.store_health import load_error
+
+    store = ResultsStore(sweep.parent, "smoke")
+    (trial,) = store.completed_ids()
+    part = sorted((sweep / "checks").glob("*.parquet"))[0]
+    pq.write_table(pa.table({"trial_id": [trial], "foo": [1.0]}), part)
+    for args in (["verify", sweep], ["query", sweep, "SELECT count(*) FROM checks"]):
+        result = invoke(*args)
+        assert result.exit_code == 2 and part.name in result.output and "schema" in result.output, result.output
+        assert "Traceback" not in result.output
+    with store.writing("test", load_check=load_error) as notes:
+        assert any(part.name in n for n in notes), notes
+    assert (sweep / "quarantine" / "checks" / part.name).exists() and store.completed_ids() == set()
