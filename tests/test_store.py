@@ -115,7 +115,7 @@ def test_a_sweep_nested_in_a_table_folder_is_named_damaged_not_a_crash(tmp_path)
     write_store(tmp_path / "S" / "metrics", name="inner", sizes=(32,), seeds=(1,), optimizers=("adam",), steps=(0, 10))
     result = CliRunner().invoke(app, ["verify", str(tmp_path / "S")])
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
-    assert "metrics/inner/runs/" in result.output and "missing ['step']" in result.output, result.output
+    assert "metrics/inner/runs/" in result.output and "missing ['step'" in result.output, result.output
 
 
 NEW_TABLE = """
