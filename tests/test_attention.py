@@ -39,7 +39,7 @@ def test_clipped_gets_the_papers_stretch_and_only_clipped_takes_one():
 
 
 def test_the_default_leaves_every_id_as_it_was_and_a_variant_changes_it():
-    """The trial of specs/families.yaml (adam, d_model 128, seed 0): its ids as computed before
+    """The trial of specs/families/families.yaml (adam, d_model 128, seed 0): its ids as computed before
     the attention axis existed (pinned on the commit before it)."""
     spec_like = dict(model={"d_model": 128, "n_layers": 4, "n_heads": 4}, optimizer={"name": "adam", "lr": 3e-3},
                      norm="rmsnorm_scalar", data={"corpus": "stdlib", "seq_len": 128},

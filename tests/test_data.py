@@ -347,7 +347,7 @@ def test_the_config_does_not_import_the_reader():
 
 
 def test_a_token_folder_not_prepared_yet_points_at_the_plan_a_missing_file_does_not(tmp_path):
-    """A fresh clone's `sweep run specs/english.yaml`: the folder does not exist yet, and the
+    """A fresh clone's `sweep run specs/english/english.yaml`: the folder does not exist yet, and the
     refusal says where the one command that prepares it is named; a missing .bin is a wrong path."""
     from study.config import FieldError
     from study.data import check_data

@@ -63,7 +63,7 @@ def test_shipped_table_parses():
         assert all(p["flops_per_s"] > 0 and p["params"] > 0 for p in row.get("measured", []))
 
 
-@pytest.mark.parametrize("name", ["scaling.yaml", "scaling_lr.yaml"])
+@pytest.mark.parametrize("name", ["scaling.yaml", "scaling/scaling_lr.yaml"])
 def test_plan_prints_the_figures_in_the_spec_header(tmp_path, monkeypatch, name):
     spec = SPECS / name
     stand_in_corpus(spec, tmp_path, monkeypatch)

@@ -423,7 +423,7 @@ def test_english_trains_on_the_named_shakespeare_folder_with_the_kept_stores_ids
     from sweep.prepare import corpora
     from sweep.spec import load_spec
 
-    spec_path = ROOT / "specs" / "english.yaml"
+    spec_path = ROOT / "specs" / "english" / "english.yaml"
     spec = load_spec(spec_path, unprepared_ok=True)
     shakespeare = corpora.corpus_for_folder(spec.data.tokens)
     assert shakespeare is corpora.CORPORA["shakespeare"] and corpora.prepare_command(spec.data.tokens) == \

@@ -1,4 +1,5 @@
 from pathlib import Path
+import re
 
 import numpy as np
 import pytest
@@ -231,3 +232,17 @@ def test_every_shipped_spec_plans_on_a_fresh_clone(path, tmp_path, monkeypatch):
         assert f"data.tokens {tokens} is not prepared yet" in r.output
         assert f"Prepare it with\n  sweep data prepare {corpus.name}\n" in r.output
     assert not (tmp_path / "data").exists()  # planning prepares nothing
+
+
+def test_specs_are_laid_out_as_their_readme_says():
+    """Issue 47: the examples a user starts from at the top of specs/, one folder per study; the
+    README lists exactly those (a new spec or folder is listed, or this fails)."""
+    root = Path(__file__).parent.parent / "specs"
+    readme = (root / "README.md").read_text()
+    top = sorted(p.name for p in root.glob("*.yaml"))
+    folders = sorted(p.name for p in root.iterdir() if p.is_dir() and any(p.rglob("*.yaml")))
+    listed_top = sorted(re.findall(r"^\| `([\w.]+\.yaml)` \|", readme, re.M))
+    listed_folders = sorted(re.findall(r"^\| `(\w+)/` \|", readme, re.M))
+    assert top == listed_top, (top, listed_top)
+    assert folders == listed_folders, (folders, listed_folders)
+    assert len(top) <= 5, f"specs/ top level is for the examples a user starts from: {top}"

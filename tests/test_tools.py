@@ -105,7 +105,7 @@ NAMED = re.compile(r"(?<![\w/.-])((?:tools|docs/scripts)/[\w./-]*[\w/])")
 def named_paths() -> dict[str, list[str]]:
     """Every tools/... or docs/scripts/... path named in README.md, docs/**/*.md, specs/*.yaml and
     tools/README.md, with the files naming it."""
-    files = [REPO / "README.md", REPO / "tools/README.md", *(REPO / "docs").rglob("*.md"), *(REPO / "specs").glob("*.yaml")]
+    files = [REPO / "README.md", REPO / "tools/README.md", *(REPO / "docs").rglob("*.md"), *(REPO / "specs").rglob("*.yaml")]
     named: dict[str, list[str]] = {}
     for f in files:
         for m in NAMED.finditer(f.read_text()):

@@ -4,7 +4,7 @@
 # 54 MB, is over the 64 MiB carry limit with the repo; xz brings it to 31 MB), this machine's
 # stdlib corpus cache (run any stdlib trial first so it exists) and the prepared English corpus.
 #
-#   tools/gpu_carry.sh [ENGLISH_DIR]    # default data/shakespeare_bytes (specs/english.yaml's header prepares it)
+#   tools/gpu_carry.sh [ENGLISH_DIR]    # default data/shakespeare_bytes (specs/english/english.yaml's header prepares it)
 #
 # Then: run(command="bash tools/gpu_run.sh", carry=[".devcarry"], timeout_s=600).
 set -euo pipefail

@@ -12,10 +12,10 @@
 # fingerprint 29047cfb62f1a3d8: the bytes every CPU trial trained on); the prepared English corpus
 # (shakespeare.tar.xz, data/shakespeare_bytes). The specs beside this script (gpu_specs/):
 # gpucheck.yaml (six d128 trials the CPU ran, to set the devices side by side), families_d192.yaml
-# and families_d128.yaml (specs/families_ladders.yaml at one width each, the same trial ids).
+# and families_d128.yaml (specs/families/families_ladders.yaml at one width each, the same trial ids).
 # Back here: cat new.tar.xz.part-* | xz -d | tar x -C ROOT, then tools/keep_store.py.
 # 2026-12-04 it ran three times on one H200 (device time 12.5 of 15 min): as written, then with
-# SPECS="tools/gpu_specs/families_d128.yaml specs/attention.yaml" LAUNCH_FOR=150 STOP_AFTER=225,
+# SPECS="tools/gpu_specs/families_d128.yaml specs/attention/attention.yaml" LAUNCH_FOR=150 STOP_AFTER=225,
 # then the same with LAUNCH_FOR=95 STOP_AFTER=160 (the first runs had .devcarry/specs/, now gpu_specs/).
 # Local plumbing check (CPU, tiny windows): DEVICE=cpu SKIP_INSTALL=1 LAUNCH_FOR=20 STOP_AFTER=40 OUT=/tmp/o bash tools/gpu_run.sh
 # (CARRY=DIR reads the carry from DIR, SCRATCH=DIR unpacks into DIR instead of /tmp, SPECS and PROCS
@@ -52,7 +52,7 @@ if [[ $DEVICE == cuda ]]; then
      > $OUT/cuda_tests.log 2>&1; echo "pytest exit $?" >> $OUT/cuda_tests.log) &
 fi
 G=tools/gpu_specs
-SPECS=${SPECS:-"$G/gpucheck.yaml $G/families_d192.yaml specs/english.yaml specs/sharing.yaml $G/families_d128.yaml"}
+SPECS=${SPECS:-"$G/gpucheck.yaml $G/families_d192.yaml specs/english/english.yaml specs/sharing/sharing.yaml $G/families_d128.yaml"}
 python3 tools/one_gpu.py $SPECS --results $R --procs ${PROCS:-14} --device $DEVICE --follow \
   --launch-for $((${LAUNCH_FOR:-370} - SECONDS)) --stop-after $((${STOP_AFTER:-490} - SECONDS)) --stdlib-corpus $T/stdlib \
   2>&1 | tee $OUT/run.log

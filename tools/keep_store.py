@@ -4,7 +4,7 @@ nothing: each trial's row files byte for byte and its runs row (ResultsStore.cop
 copied too; git ignores them (*.pt), so a store kept in the repository holds the rows only.
 
     python tools/keep_store.py results/attention docs/stores/attention
-    python tools/keep_store.py docs/stores/attention docs/stores/families specs/families_ladders.yaml
+    python tools/keep_store.py docs/stores/attention docs/stores/families specs/families/families_ladders.yaml
 
 Run it as often as you like while the sweep runs: it copies only trials the destination lacks.
 With a spec, only that spec's trials are copied, renamed to the destination's sweep: how trials

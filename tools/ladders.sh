@@ -8,7 +8,7 @@
 #   3. after every run, `tools/keep_store.py RESULTS/<sweep> KEEP` copies the trials that
 #      finished, so an interrupted session loses at most the trials running at the time.
 #
-#   tools/ladders.sh specs/families_ladders.yaml results docs/stores/families [sweep run options]
+#   tools/ladders.sh specs/families/families_ladders.yaml results docs/stores/families [sweep run options]
 #
 # KEEP is a store folder named after the spec's sweep (checked before anything runs). A copy that
 # fails stops the loop: nothing more trains that could not be kept.

