@@ -16,13 +16,14 @@ import polars as pl
 from analysis import optimum
 from analysis.charts.optimum import ladder_cells, level_along_ladder
 from analysis.report.section import Context, Section
+from resultstore.vocabulary import Basis, Metric, Site
 
 __all__ = ["SECTION", "slope_note", "twin_note"]
 
 
 def add(ctx: Context) -> None:
     """The tables into ``ctx.content``, the chart, and notes on the slopes and the twin contrasts."""
-    if not ctx.tuned or ("resid", "stored", "kurtosis") not in ctx.have:
+    if not ctx.tuned or (Site.RESID, Basis.STORED, Metric.KURTOSIS) not in ctx.have:
         return
     ctx.say("reading each ladder at its fitted loss-optimal lr")
     trials = optimum.trials_from(ctx.results)
@@ -75,4 +76,4 @@ def twin_note(twins: pl.DataFrame) -> str:
             "in kurtosis / null: " + "; ".join(parts) + ".")
 
 
-SECTION = Section("optimum", add, metrics=("kurtosis", "top1_share"))
+SECTION = Section("optimum", add, metrics=(Metric.KURTOSIS, Metric.TOP1_SHARE))
