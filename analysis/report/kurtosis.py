@@ -14,7 +14,7 @@ __all__ = ["SECTION"]
 
 
 def add(ctx: Context) -> None:
-    """The kurtosis charts at the best-lr points; the onsets into ``ctx.content.onsets``."""
+    """The kurtosis charts at the best-lr points; the onsets table (onset.csv)."""
     if (Site.RESID, Basis.STORED, Metric.KURTOSIS) not in ctx.have:
         ctx.note("No residual-stream kurtosis recorded: layer and training charts skipped.")
         return
@@ -43,7 +43,7 @@ def add(ctx: Context) -> None:
         f"{threshold:g} (dotted), with {confidence:.0%} t-intervals over the seeds that "
         "crossed (onset.csv also counts seeds that never did).",
     )
-    ctx.content.onsets = onsets.select(pl.exclude("tuning_id", "line_id", "tuned_line_id"))
+    ctx.table("onset", onsets.select(pl.exclude("tuning_id", "line_id", "tuned_line_id")), keep_empty=True)
     if "final_val_loss" in ctx.done.columns:
         ctx.say("kurtosis at matched loss")
         every = selection.versus(

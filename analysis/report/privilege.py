@@ -32,6 +32,7 @@ from analysis.load import Results
 from analysis.null import kurtosis_null, top_share_null
 from analysis.query_base import SORT, inputs, join_runs
 from analysis.report.section import Context, Section
+from analysis.report.table import Table
 from resultstore.vocabulary import RANK_P, Basis, Metric, Site
 
 __all__ = [
@@ -240,9 +241,9 @@ def trend_note(results: Results, shares: pl.DataFrame, x: str = "params_non_embe
 
 
 def _add_to_report(ctx: Context) -> None:
-    """``add`` at the report's best-lr view; the test table into ``ctx.content.privilege``."""
-    ctx.content.privilege = add(ctx.main, ctx.done, ctx.built, ctx.notes, x=ctx.x, facet=ctx.facet,
-                                confidence=ctx.confidence)
+    """``add`` at the report's best-lr view; the test table (privilege.csv, listed in index.html)."""
+    table = add(ctx.main, ctx.done, ctx.built, ctx.notes, x=ctx.x, facet=ctx.facet, confidence=ctx.confidence)
+    ctx.table("privilege", table, WORDS, title=TITLE, shown=lambda frame: Table(*cells(frame, ctx.x)))
 
 
 SECTION = Section("privilege", _add_to_report, metrics=METRICS)
