@@ -12,6 +12,7 @@ frame: pure, lazy where the input is, no I/O.
 from __future__ import annotations
 
 import polars as pl
+from resultstore.vocabulary import Site
 
 __all__ = [
     "RUN_COLUMNS",
@@ -89,7 +90,7 @@ def largest_per_optimizer(runs: pl.LazyFrame | pl.DataFrame) -> pl.DataFrame:
     return runs.join(best, on=["optimizer", "config_id"]).select(keep).sort("optimizer", "seed").collect()
 
 
-def persistence_map(dims: pl.LazyFrame | pl.DataFrame, shown: pl.DataFrame, site: str = "resid") -> pl.DataFrame:
+def persistence_map(dims: pl.LazyFrame | pl.DataFrame, shown: pl.DataFrame, site: str = Site.RESID) -> pl.DataFrame:
     """Dimensions x layers at the final step for the `shown` trials (largest_per_optimizer):
     per (optimizer, layer, dim), `share` = the fraction of its seeds in which the dim is in the
     layer's top-k by max |x|, and `rank` = its mean rank there. Only dims in some top-k appear."""
@@ -149,7 +150,7 @@ def token_table(dims: pl.LazyFrame | pl.DataFrame, shown: pl.DataFrame, n_dims: 
     cand = final.filter((pl.col("layer") == -1) & (pl.col("role") == "top") & (pl.col("rank_max") <= n_dims)).select(
         "trial_id", "optimizer", "d_model", "seed", "corpus", "dim", rank="rank_max", zero_delta="zero_delta",
         zero_p="zero_p", mean_delta="mean_delta", loss_tokens="loss_tokens")
-    resid = final.filter(pl.col("site") == "resid")
+    resid = final.filter(pl.col("site") == Site.RESID)
     last = resid.filter(pl.col("layer") == pl.col("layer").max().over("trial_id")).select(
         "trial_id", "dim", "max_median", "pos0_share", "delimiter_share", "freq_corr", "top_tokens")
     table = cand.join(last, on=["trial_id", "dim"], how="left").sort("optimizer", "rank").collect()

@@ -36,13 +36,14 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+from resultstore.vocabulary import Basis, Metric, Site
 
 __all__ = ["EDGE", "FEW", "CONCAVE", "LINE_AXES", "MEASURES", "Ladder", "Optimum", "WidthSlope", "fit_ladder", "fit_slope",
            "ladders_from", "read_at", "twin_slopes", "vertex"]  # fmt: skip
 
 EDGE, CONCAVE, FEW = "edge", "concave", "few lrs"
 _CODES = ("", EDGE, CONCAVE, FEW)
-MEASURES = ("kurtosis", "top1_share")
+MEASURES = (Metric.KURTOSIS, Metric.TOP1_SHARE)
 """The measures read at lr*: columns ``log_kurtosis`` and ``log_top1_share`` of the trials frame
 (log of the measure over its null)."""
 
@@ -224,7 +225,7 @@ def ladders_from(trials: pl.DataFrame, group: str = "tuning_id") -> dict[Any, La
 _KEEP = ("optimizer", "optimizer_family", "norm", "rotation_label", "attention", "parametrization", "d_model")
 LINE_AXES = ("norm", "rotation_label", "attention", "parametrization")
 """Axes besides the optimiser and the width that tell lines apart (sp and mup are two lines)."""
-WORDS = {"kurtosis": "kurtosis / null", "top1_share": "top-1 share / null"}
+WORDS = {Metric.KURTOSIS: "kurtosis / null", Metric.TOP1_SHARE: "top-1 share / null"}
 
 
 def decide(lo: float, hi: float, margin: float = 0.1) -> str:
@@ -330,7 +331,7 @@ def twin_slopes(levels: pl.DataFrame, fitted: dict[Any, Optimum], x: str, confid
     return out
 
 
-def family_exact(levels: pl.DataFrame, measure: str = "kurtosis", family: str = "per_coordinate") -> pl.DataFrame:
+def family_exact(levels: pl.DataFrame, measure: str = Metric.KURTOSIS, family: str = "per_coordinate") -> pl.DataFrame:
     """Per width: ``family``'s optimisers against every other optimiser pooled, each at its fitted
     lr* (one value per optimiser: log(measure / null)); the difference of the two means with the
     Welch interval over optimisers (``families.compare_family_values``) and the exact one-sided
@@ -365,7 +366,7 @@ def family_exact(levels: pl.DataFrame, measure: str = "kurtosis", family: str = 
 
 
 def twin_contrasts(trials: pl.DataFrame, levels: pl.DataFrame, confidence: float = 0.95,
-                   measure: str = "kurtosis") -> pl.DataFrame:
+                   measure: str = Metric.KURTOSIS) -> pl.DataFrame:
     """Each optimiser ``o`` minus its rotated twin ``rotated_<o>`` (the same rule in a fixed random
     basis) where the store has both: log(measure / null) paired by seed at one lr, per width
     (and norm, rotation): the mean paired difference with its t-interval over seeds
@@ -419,9 +420,9 @@ def trials_from(results: Any) -> pl.DataFrame:
     from analysis import queries
     from analysis.null import top_share_null_expr
 
-    kurt = queries.per_trial(results, "kurtosis", "resid", "stored", over_null=True).collect()
+    kurt = queries.per_trial(results, Metric.KURTOSIS, Site.RESID, Basis.STORED, over_null=True).collect()
     kurt = kurt.filter(pl.col("value") > 0).with_columns(log_kurtosis=pl.col("value").log()).drop("value")
-    top = queries.per_trial(results, "top1_share", "resid", "stored").select("trial_id", "value", "d_model").collect()
+    top = queries.per_trial(results, Metric.TOP1_SHARE, Site.RESID, Basis.STORED).select("trial_id", "value", "d_model").collect()
     top = top.filter(pl.col("value") > 0).select(
         "trial_id", log_top1_share=(pl.col("value") / top_share_null_expr("d_model")).log())
     out = kurt.join(top, on="trial_id", how="left")

@@ -28,6 +28,7 @@ from analysis.query_base import (
     CONTROL, LayerAgg, Layers, QueryError, Source, at_step, carried, config_keys, group_keys, inputs,
     join_runs, minus_control, pick_metric, prepare_runs, summarise,
 )  # fmt: skip
+from resultstore.vocabulary import Basis, Metric, Site
 
 __all__ = [
     "CONTROL",
@@ -49,8 +50,8 @@ __all__ = [
 def per_trial(
     results: Source,
     metric: str,
-    site: str = "resid",
-    basis: str = "stored",
+    site: str = Site.RESID,
+    basis: str = Basis.STORED,
     layer_agg: LayerAgg = "mean",
     *,
     step: int | None = None,
@@ -88,8 +89,8 @@ def per_trial(
 def layer_profile(
     results: Source,
     metric: str,
-    site: str = "resid",
-    basis: str = "stored",
+    site: str = Site.RESID,
+    basis: str = Basis.STORED,
     step: int | None = None,
     *,
     by: Sequence[str] | None = None,
@@ -115,8 +116,8 @@ def layer_profile(
 def scale_table(
     results: Source,
     metric: str,
-    site: str = "resid",
-    basis: str = "stored",
+    site: str = Site.RESID,
+    basis: str = Basis.STORED,
     layer_agg: LayerAgg = "mean",
     *,
     step: int | None = None,
@@ -160,8 +161,8 @@ def loss_table(
 def metric_over_training(
     results: Source,
     metric: str,
-    site: str = "resid",
-    basis: str = "stored",
+    site: str = Site.RESID,
+    basis: str = Basis.STORED,
     layer_agg: LayerAgg = "mean",
     *,
     layers: Layers = "blocks",
@@ -185,7 +186,7 @@ def metric_over_training(
 
 def basis_comparison(
     results: Source,
-    metric: str = "kurtosis",
+    metric: str = Metric.KURTOSIS,
     step: int | None = None,
     *,
     by: Sequence[str] | None = None,

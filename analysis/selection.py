@@ -13,6 +13,7 @@ from analysis.query_base import (
 )  # fmt: skip
 from analysis.queries import scale_table
 from resultstore.schema import FINISHED, Role, runs_columns
+from resultstore.vocabulary import Basis, Metric, Site
 
 __all__ = [
     "best_lr", "best_lr_results", "group_size_table", "line_labels", "onset", "quant_penalty", "unrotated_table",
@@ -165,11 +166,11 @@ def versus(
 
 def quant_penalty(
     results: Source,
-    basis: str = "w8a8",
+    basis: str = Basis.W8A8,
     *,
-    metric: str = "kurtosis",
-    site: str = "resid",
-    metric_basis: str = "stored",
+    metric: str = Metric.KURTOSIS,
+    site: str = Site.RESID,
+    metric_basis: str = Basis.STORED,
     layer_agg: LayerAgg = "mean",
     confidence: float = 0.95,
     runs: pl.LazyFrame | None = None,
@@ -182,24 +183,24 @@ def quant_penalty(
     ``quant_loss_delta_se``, mean over seeds; null for stores that predate it), below which
     two configs' penalties are not told apart by this eval batch."""
     penalty = scale_table(
-        results, "quant_loss_delta", "model", basis, layers=[-1], confidence=confidence, runs=runs
+        results, Metric.QUANT_LOSS_DELTA, Site.MODEL, basis, layers=[-1], confidence=confidence, runs=runs
     )
     measure = scale_table(
         results, metric, site, metric_basis, layer_agg, confidence=confidence, runs=runs
     )
     se = scale_table(
-        results, "quant_loss_delta_se", "model", basis, layers=[-1], confidence=confidence, runs=runs
+        results, Metric.QUANT_LOSS_DELTA_SE, Site.MODEL, basis, layers=[-1], confidence=confidence, runs=runs
     ).select("config_id", floor=2 * pl.col("mean"))
     out = versus(measure, penalty).join(se, on="config_id", how="left")
     return out.with_columns(quant=pl.lit(basis))
 
 
-COMPUTATION_SITES = (("attn_in", "computation"), ("mlp_in", "computation"))
+COMPUTATION_SITES = ((Site.ATTN_IN, Basis.COMPUTATION), (Site.MLP_IN, Basis.COMPUTATION))
 
 
 def group_size_table(
     results: Source,
-    metric: str = "kurtosis",
+    metric: str = Metric.KURTOSIS,
     *,
     sites: tuple[tuple[str, str], ...] = COMPUTATION_SITES,
     over_null: bool = True,
@@ -228,7 +229,7 @@ def group_size_table(
 
 def unrotated_table(
     results: Source,
-    metric: str = "kurtosis",
+    metric: str = Metric.KURTOSIS,
     *,
     sites: tuple[tuple[str, str], ...] = COMPUTATION_SITES,
     over_null: bool = True,
@@ -259,10 +260,10 @@ def _by_site(
 
 def onset(
     results: Source,
-    metric: str = "kurtosis",
+    metric: str = Metric.KURTOSIS,
     threshold: float = 3.5,
-    site: str = "resid",
-    basis: str = "stored",
+    site: str = Site.RESID,
+    basis: str = Basis.STORED,
     layer_agg: LayerAgg = "mean",
     *,
     layers: Layers = "blocks",

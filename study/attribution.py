@@ -44,6 +44,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from resultstore.vocabulary import Basis, Site
 from study.model import Rotate, ScalarRMSNorm, Transformer
 from study.rotation import generator_for
 
@@ -182,7 +183,7 @@ class Attribution:
 
     def _gain(self, layer: int, site: str) -> Tensor | None:
         blocks = self.model.blocks
-        if site != "resid":
+        if site != Site.RESID:
             return getattr(blocks[layer - 1], f"{site.split('_')[0]}_norm").weight
         read, norm = ((blocks[layer].read_attn, blocks[layer].attn_norm) if layer < len(blocks)
                       else (self.model.read_out, self.model.final_norm))
@@ -211,7 +212,7 @@ class Attribution:
                 tok_i, tok_c = commonest(ids[top], len(self.info.log_freq))
                 sites.append((layer, site, torch.cat([sel[:, None].float(), ranks[:, sel].T, stats[:, sel].T,
                                                       tok_i.float(), tok_c], 1)))
-                if site == "resid":
+                if site == Site.RESID:
                     means.append(a.mean(0))
                     masks.append(ranks[0] > 0)
                     maxes.append(stats[0])
@@ -219,11 +220,11 @@ class Attribution:
         def hook(layer: int, site: str):
             return lambda _m, _i, o: measure(layer, site, o)
 
-        handles = [blocks[0].register_forward_pre_hook(lambda _m, args: measure(0, "resid", args[0]))]
+        handles = [blocks[0].register_forward_pre_hook(lambda _m, args: measure(0, Site.RESID, args[0]))]
         for l, block in enumerate(blocks, start=1):
-            handles += [block.register_forward_hook(hook(l, "resid")),
-                        block.attn_norm.register_forward_hook(hook(l, "attn_in")),
-                        block.mlp_norm.register_forward_hook(hook(l, "mlp_in"))]
+            handles += [block.register_forward_hook(hook(l, Site.RESID)),
+                        block.attn_norm.register_forward_hook(hook(l, Site.ATTN_IN)),
+                        block.mlp_norm.register_forward_hook(hook(l, Site.MLP_IN))]
         try:
             self.model(x)
         finally:
@@ -332,7 +333,7 @@ def _decode(flat: list[float], n: int, C: int, layout: list[tuple[int, str, torc
     for i, j in enumerate(dims):
         top, tokens = i < C, slice(i * N_TOKENS, (i + 1) * N_TOKENS)
         rows.append({
-            "layer": -1, "site": "resid", "basis": "stored", "dim": int(j), "role": "top" if top else "null",
+            "layer": -1, "site": Site.RESID, "basis": Basis.STORED, "dim": int(j), "role": "top" if top else "null",
             "rank_max": i + 1 if top else None, "first_layer": int(first[i]) if top else None,
             "zero_delta": zero_d[i], "mean_delta": mean_d[i],
             "zero_delta_first": zero_first[i] if top else None, "mean_delta_first": mean_first[i] if top else None,
@@ -350,7 +351,7 @@ def _decode(flat: list[float], n: int, C: int, layout: list[tuple[int, str, torc
             seen.add(j)
             stats, toks = r[3 : 3 + len(STATS)], r[3 + len(STATS) :]
             rows.append({
-                "layer": layer, "site": site, "basis": "stored" if site == "resid" else "computation",
+                "layer": layer, "site": site, "basis": Basis.STORED if site == Site.RESID else Basis.COMPUTATION,
                 "dim": j, "role": "top", "rank_max": int(r[1]) or None, "rank_m4": int(r[2]) or None,
                 **dict(zip(STATS, stats)), "top_tokens": _token_list(toks[:N_TOKENS], toks[N_TOKENS:]),
             })  # fmt: skip

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from resultstore.vocabulary import Basis, Metric, Site
 from study.attribution import Attribution
 from study.config import TrialConfig
 from study.metrics import ActivationProbe
@@ -66,7 +67,7 @@ def evaluate(cfg: TrialConfig, model: Transformer, probe: ActivationProbe, batch
     model_rows = result.rows + (quant_rows(q_hist[0], val_loss, standard_errors=q_hist[1]) if q_hist else [])
     train_loss = train_hist[-1] if train_hist else float("nan")
     resid = [r["value"] for r in result.rows
-             if r["site"] == "resid" and r["basis"] == "stored" and r["metric"] == "kurtosis" and r["value"] is not None]
+             if (r["site"], r["basis"], r["metric"]) == (Site.RESID, Basis.STORED, Metric.KURTOSIS) and r["value"] is not None]
     return Evaluation(
         val_loss=val_loss, train_loss=train_loss,
         finite=all(math.isfinite(v) for v in train_hist + [val_loss]),

@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from resultstore.vocabulary import PROBE_METRICS, RANK_P, Basis, Metric, Site
 from study import sinks
 from study.rotation import generator_for, random_orthogonal
 
@@ -32,26 +33,25 @@ __all__ = [
     "ActivationProbe",
 ]
 
-METRICS = ("kurtosis", "neuron_kurtosis", "outlier_dims_abs", "outlier_dims_rel", "max_abs", "max_median_ratio",
-           "top1_share", "top4_share")
+METRICS = PROBE_METRICS
 """Metric names measured at every (layer, site, basis)."""
 
 TOP_K = (1, 4)
 """The k of the top-k energy shares (metrics top1_share, top4_share)."""
 
-RANK_TESTED = ("kurtosis", "top1_share")
+RANK_TESTED = tuple(RANK_P)
 """Measures whose stored-basis value is ranked among the control's bases: rows `<metric>_rank_p`."""
 
-TESTED_SITES = ("resid", "attn_in", "mlp_in")
+TESTED_SITES = (Site.RESID, Site.ATTN_IN, Site.MLP_IN)
 """Sites whose basis is tested against the control's bases (rows in basis `random`)."""
 
 CONTROL_BASES = 32
 """Haar-random bases the probe's control (site resid, basis random) averages over."""
 
-CONTROL_SPREAD = "kurtosis_sd"
+CONTROL_SPREAD = Metric.KURTOSIS_SD
 """The control's extra metric: the sd of the kurtosis across its bases (basis random)."""
 
-CONTROL_MEDIAN = "kurtosis_median"
+CONTROL_MEDIAN = Metric.KURTOSIS_MEDIAN
 """The median of the kurtosis across the control's bases (basis random): below the mean when
 the statistic is right-skewed, so a stored basis can sit below the null's mean by chance."""
 
@@ -219,10 +219,10 @@ def basis_test(x: Tensor, bases: Tensor, chunk: int = 8) -> dict[str, Tensor]:
     per_basis = [torch.cat(parts) for parts in zip(*(
         _kurtosis_and_top1(torch.matmul(v, bases[i : i + chunk])) for i in range(0, bases.shape[0], chunk)))]
     k = per_basis[0]
-    out = {"kurtosis": torch.nanmean(k), "top1_share": torch.nanmean(per_basis[1]),
+    out = {Metric.KURTOSIS: torch.nanmean(k), Metric.TOP1_SHARE: torch.nanmean(per_basis[1]),
            CONTROL_SPREAD: k.std(), CONTROL_MEDIAN: k.median()}  # the median: the lower middle of an even count
     for name, values, stored in zip(RANK_TESTED, per_basis, own):
-        out[f"{name}_rank_p"] = (1 + (values >= stored).sum()).float() / (1 + values.numel())
+        out[RANK_P[name]] = (1 + (values >= stored).sum()).float() / (1 + values.numel())
     return out
 
 
@@ -360,15 +360,15 @@ class ActivationProbe:
             with torch.autocast(act.device.type, enabled=False):
                 a = _tokens(act.detach())
                 vals = _all_metrics(a, self.threshold)
-                if site in ("attn_in", "mlp_in"):
+                if site in (Site.ATTN_IN, Site.MLP_IN):
                     hits.append(_dettmers_hits(a, self.threshold, pos_frac=0.06))
                 control: dict[str, Tensor] = {}
                 if site in TESTED_SITES:
                     bases = self.random_bases(a.shape[-1], a.device)
-                    control = control_metrics(a, bases, self.threshold) if site == "resid" else basis_test(a, bases)
+                    control = control_metrics(a, bases, self.threshold) if site == Site.RESID else basis_test(a, bases)
             keys.extend((layer, site, basis, m) for m in METRICS)
             values.extend(vals)
-            keys.extend((layer, site, "random", m) for m in control)
+            keys.extend((layer, site, Basis.RANDOM, m) for m in control)
             values.extend(control.values())
 
         def on_output(layer: int, site: str, basis: str):
@@ -392,13 +392,13 @@ class ActivationProbe:
                     values.append(value)
             return hook
 
-        handles = [blocks[0].register_forward_pre_hook(lambda _m, args: measure(0, "resid", "stored", args[0]))]
+        handles = [blocks[0].register_forward_pre_hook(lambda _m, args: measure(0, Site.RESID, Basis.STORED, args[0]))]
         for l, block in enumerate(blocks, start=1):
             handles += [
-                block.register_forward_hook(on_output(l, "resid", "stored")),
-                block.attn_norm.register_forward_hook(on_output(l, "attn_in", "computation")),
-                block.mlp_norm.register_forward_hook(on_output(l, "mlp_in", "computation")),
-                block.mlp.act.register_forward_hook(on_output(l, "mlp_act", "neuron")),
+                block.register_forward_hook(on_output(l, Site.RESID, Basis.STORED)),
+                block.attn_norm.register_forward_hook(on_output(l, Site.ATTN_IN, Basis.COMPUTATION)),
+                block.mlp_norm.register_forward_hook(on_output(l, Site.MLP_IN, Basis.COMPUTATION)),
+                block.mlp.act.register_forward_hook(on_output(l, Site.MLP_ACT, Basis.NEURON)),
                 block.attn.qkv.register_forward_hook(on_qkv(l, block.attn)),
             ]
         was_training = model.training
@@ -411,7 +411,7 @@ class ActivationProbe:
                 h.remove()
             model.train(was_training)
 
-        keys.append((-1, "model", "computation", "dettmers_outliers"))
+        keys.append((-1, Site.MODEL, Basis.COMPUTATION, Metric.DETTMERS_OUTLIERS))
         values.append(_dettmers_count(torch.stack(hits), layer_frac=0.25))
         for name, value in sinks.uniform_reference(delimiter).items():
             keys.append((-1, sinks.SITE, sinks.UNIFORM, name))

@@ -29,11 +29,13 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from resultstore.vocabulary import Basis, Metric, Site
+
 __all__ = [
     "SCHEMES", "fake_quantise", "quantised", "quantised_losses", "quantised_delta_se", "quant_rows",
 ]
 
-SCHEMES: dict[str, tuple[int, int]] = {"w8a8": (8, 8), "w4a4": (4, 4)}
+SCHEMES: dict[str, tuple[int, int]] = {Basis.W8A8: (8, 8), Basis.W4A4: (4, 4)}
 """Scheme name -> (weight bits, activation bits)."""
 
 
@@ -126,8 +128,8 @@ def quant_rows(losses: Sequence[float], float_loss: float, schemes: Sequence[str
                standard_errors: Sequence[float] = ()) -> list[dict]:
     """Metrics rows (layer, site, basis, metric, value): quantised loss minus the float loss, and,
     when given, each penalty's standard error over the eval sequences (`quant_loss_delta_se`)."""
-    rows = [{"layer": -1, "site": "model", "basis": name, "metric": "quant_loss_delta", "value": q - float_loss}
+    rows = [{"layer": -1, "site": Site.MODEL, "basis": name, "metric": Metric.QUANT_LOSS_DELTA, "value": q - float_loss}
             for name, q in zip(schemes, losses)]
-    rows += [{"layer": -1, "site": "model", "basis": name, "metric": "quant_loss_delta_se", "value": se}
+    rows += [{"layer": -1, "site": Site.MODEL, "basis": name, "metric": Metric.QUANT_LOSS_DELTA_SE, "value": se}
              for name, se in zip(schemes, standard_errors)]
     return rows

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor, nn
 
+from resultstore.vocabulary import Basis
 from study.metrics import kurtosis
 from study.rotation import generator_for
 
@@ -332,8 +333,8 @@ def probe_layer(model: nn.Module, idx: Tensor, targets: Tensor, layer: int, cfg:
     q = basis.to(acts)
     loss_orig = spliced_loss(model, eval_idx, eval_y, layer)
     loss_zero = spliced_loss(model, eval_idx, eval_y, layer, torch.zeros_like)
-    saes = {"stored": (train_sae(train_x, cfg).sae, torch.eye(d, dtype=acts.dtype)),
-            "random": (train_sae(train_x @ q, cfg, init=initial_sae(d, cfg, acts.dtype).rotated(q)).sae, q)}
+    saes = {Basis.STORED: (train_sae(train_x, cfg).sae, torch.eye(d, dtype=acts.dtype)),
+            Basis.RANDOM: (train_sae(train_x @ q, cfg, init=initial_sae(d, cfg, acts.dtype).rotated(q)).sae, q)}
     live = {}
     rows = []
     for name, (sae, b) in saes.items():
@@ -351,7 +352,7 @@ def probe_layer(model: nn.Module, idx: Tensor, targets: Tensor, layer: int, cfg:
             **decoder_alignment(sae.W_dec[fired] if bool(fired.any()) else sae.W_dec),
             "decoder_kurtosis_null": kurtosis_null(d), "sae_config_json": cfg.model_dump_json(),
         })
-    agreement = (matched_cosine(live["stored"], live["random"])
-                 if len(live["stored"]) and len(live["random"]) else math.nan)
+    agreement = (matched_cosine(live[Basis.STORED], live[Basis.RANDOM])
+                 if len(live[Basis.STORED]) and len(live[Basis.RANDOM]) else math.nan)
     wall = time.perf_counter() - t0
     return [{**r, "agreement": agreement, "wall_s": wall / 2} for r in rows]

@@ -33,14 +33,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from resultstore.vocabulary import SINK_METRICS, Basis, Sink, Site
 from study.attribution import DELIMITER_BYTES, N_FREQUENT
 
 __all__ = ["METRICS", "SITE", "BASIS", "UNIFORM", "MAX_CHUNK", "delimiter_ids", "head_stats", "finish", "sink_metrics",
            "uniform_reference"]
 
-METRICS = ("first_mass", "delimiter_mass", "null_mass", "sink_heads")
+METRICS = tuple(SINK_METRICS)
 """Rows per layer (site SITE, basis BASIS), in this order."""
-SITE, BASIS, UNIFORM = "attn", "heads", "uniform"
+SITE, BASIS, UNIFORM = Site.ATTN, Basis.HEADS, Basis.UNIFORM
 
 MAX_CHUNK = 1 << 24
 """Attention weights held at once (B' x H x T x T, float32: 64 MiB): longer batches go in chunks."""
@@ -80,8 +81,8 @@ def finish(stats: Tensor) -> dict[str, Tensor]:
     """`head_stats` (4, H) -> the METRICS, each a 0-d tensor: masses averaged over heads, and the
     fraction of heads whose top key is a sink for more than half their queries."""
     first, delim, null, top = stats
-    return {"first_mass": first.mean(), "delimiter_mass": delim.mean(), "null_mass": null.mean(),
-            "sink_heads": (top > 0.5).float().mean()}
+    return {Sink.FIRST_MASS: first.mean(), Sink.DELIMITER_MASS: delim.mean(), Sink.NULL_MASS: null.mean(),
+            Sink.SINK_HEADS: (top > 0.5).float().mean()}
 
 
 def sink_metrics(pattern: Tensor, delimiter: Tensor) -> dict[str, Tensor]:
@@ -95,4 +96,4 @@ def uniform_reference(delimiter: Tensor) -> dict[str, Tensor]:
     d = delimiter.float()
     T = d.shape[-1]
     keys = torch.arange(1, T + 1, dtype=torch.float32, device=d.device)
-    return {"first_mass": (1.0 / keys).mean(), "delimiter_mass": (d.cumsum(-1) / keys).mean()}
+    return {Sink.FIRST_MASS: (1.0 / keys).mean(), Sink.DELIMITER_MASS: (d.cumsum(-1) / keys).mean()}

@@ -13,8 +13,9 @@ import pytest
 from synthetic_store import SyntheticStore, write_store
 
 from analysis.load import load
-from analysis.report import content, write_report
+from analysis.report import content, scaling, write_report
 from analysis.report.section import Context, ReportContent, Section
+from analysis.report.table import Table
 
 
 @pytest.fixture(scope="module")
@@ -86,3 +87,35 @@ def test_the_result_holds_the_content(small, tmp_path: Path) -> None:
     assert isinstance(rep.content, ReportContent)
     assert rep.notes is rep.content.notes and rep.fits is rep.content.fits and rep.n_done == rep.content.n_done
     assert set(rep.charts) == set(rep.content.charts) and all(isinstance(v, list) for v in rep.charts.values())
+
+
+def _extra_table(ctx: Context) -> None:
+    """A section as a new module would add a table: one call, nothing else to edit."""
+    frame = pl.DataFrame({"size": ctx.sizes, "trials": [ctx.done.filter(pl.col(ctx.x) == s).height for s in ctx.sizes]})
+    ctx.table("extra_sizes", frame, "Each size & its done trials.", title="Extra sizes",
+              shown=lambda f: Table(["Size", "Trials"], [[str(a), str(b)] for a, b in f.iter_rows()]))
+    ctx.table("extra_empty", frame.head(0), "No rows: no CSV, not listed.", title="Extra empty")
+    ctx.table("extra_quiet", frame)  # no title: written, not listed
+
+
+def test_a_section_adds_a_table_in_one_place(small, tmp_path: Path, monkeypatch) -> None:
+    """ctx.table in a section placed after the scaling section: its CSV (every column) is
+    written and listed, and index.html shows it, caption escaped and linked, after the scaling
+    section's tables and before the best-lr table that comes later in the list; a table without
+    rows is neither written nor listed, one without a title is written but not listed."""
+    at = content.SECTIONS.index(scaling.SECTION) + 1
+    monkeypatch.setattr(content, "SECTIONS", [*content.SECTIONS[:at], Section("extra", _extra_table),
+                                              *content.SECTIONS[at:]])
+    rep = write_report(small.path, tmp_path / "rep", formats=("svg",), n_boot=20)
+    out = tmp_path / "rep"
+    sizes = sorted(load(small.path).runs.collect().get_column("params_non_embedding").unique())
+    assert (out / "extra_sizes.csv").read_text() == "size,trials\n" + "".join(f"{s},4\n" for s in sizes)
+    assert (out / "extra_quiet.csv").read_bytes() == (out / "extra_sizes.csv").read_bytes()
+    assert not (out / "extra_empty.csv").exists() and str(out / "extra_sizes.csv") in rep.files
+    index = (out / "index.html").read_text()
+    listing = ("<h2>Extra sizes</h2><p>Each size &amp; its done trials. Also in <a href='extra_sizes.csv'>"
+               "extra_sizes.csv</a>.</p>\n<table><thead><tr><th>Size</th><th>Trials</th></tr></thead>")
+    assert listing in index and "Extra empty" not in index and "extra_quiet" not in index
+    assert index.index("<h2>Levels at each size</h2>") < index.index(listing) < index.index("<h2>Best learning rates")
+    names = list(rep.content.tables)
+    assert names.index("family_levels") < names.index("extra_sizes") < names.index("best_lr")

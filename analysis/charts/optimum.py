@@ -15,6 +15,7 @@ import polars as pl
 from analysis.charts.layers import titled
 from analysis.charts.style import OPTIMIZER_COLORS, PANEL_WIDTH
 from analysis.optimum import LINE_AXES
+from resultstore.vocabulary import Metric
 
 __all__ = ["level_along_ladder", "ladder_cells"]
 
@@ -28,7 +29,7 @@ def _with_line(df: pl.DataFrame, axes: list[str]) -> pl.DataFrame:
     return df.with_columns(line=pl.concat_str(parts, separator=" · "))
 
 
-def ladder_cells(trials: pl.DataFrame, measure: str = "kurtosis", confidence: float = 0.95) -> pl.DataFrame:
+def ladder_cells(trials: pl.DataFrame, measure: str = Metric.KURTOSIS, confidence: float = 0.95) -> pl.DataFrame:
     """Per (optimiser, width, lr): the geometric seed mean of measure / null, exp(mean of
     ``log_<measure>``), and exp of its t-interval over seeds (null bounds with one seed), ``n``."""
     from scipy import stats
@@ -45,7 +46,7 @@ def ladder_cells(trials: pl.DataFrame, measure: str = "kurtosis", confidence: fl
 
 
 def level_along_ladder(
-    cells: pl.DataFrame, levels: pl.DataFrame, measure: str = "kurtosis", *, columns: int = 4,
+    cells: pl.DataFrame, levels: pl.DataFrame, measure: str = Metric.KURTOSIS, *, columns: int = 4,
     title: str = "Kurtosis / null along the lr ladder, by width", caption: str | None = None,
     confidence: float = 0.95, configure: bool = True,
 ) -> Any:
@@ -73,7 +74,7 @@ def level_along_ladder(
                       sort=widths, legend=alt.Legend(symbolType="stroke", symbolStrokeWidth=3))  # fmt: skip
     x = alt.X("lr:Q", title="Learning rate (log)", scale=alt.Scale(type="log", nice=False, padding=8),
               axis=alt.Axis(format="~g", tickCount=4))  # fmt: skip
-    y = alt.Y("ratio:Q", title=f"{'Kurtosis' if measure == 'kurtosis' else 'Top-1 share'} / null (log)",
+    y = alt.Y("ratio:Q", title=f"{'Kurtosis' if measure == Metric.KURTOSIS else 'Top-1 share'} / null (log)",
               scale=alt.Scale(type="log", nice=False, padding=8), axis=alt.Axis(format="~g"))  # fmt: skip
     cell, opt = alt.datum.kind == "cell", alt.datum.kind == "optimum"
     tips = ["line:N", "width:N", alt.Tooltip("lr:Q", format=".3g"), alt.Tooltip("ratio:Q", format=".3f"), "n:Q"]
@@ -100,7 +101,7 @@ def level_along_ladder(
         .resolve_scale(x="independent")
     )  # fmt: skip
     caption = caption or (
-        f"{'Kurtosis' if measure == 'kurtosis' else 'Top-1 share'} / null of the residual stream (stored basis, mean "
+        f"{'Kurtosis' if measure == Metric.KURTOSIS else 'Top-1 share'} / null of the residual stream (stored basis, mean "
         "over blocks, final step) against the learning rate, one line per width, one panel per optimiser: seed "
         f"geometric means, bars {confidence:.0%} t-intervals where an lr ran 2+ seeds. Diamond: the width's fitted "
         "loss-optimal lr* (the vertex of the parabola of val loss against log lr through the best lr and its "

@@ -17,14 +17,15 @@ from analysis.charts.frames import as_frame, decorate, pick_size, tooltip, varia
 from analysis.charts.layers import assemble, assembled_width, band_and_line, interval_words, seeds_phrase, titled
 from analysis.charts.style import COLOR_LEGEND, DASH_LEGEND, SizeChoice, dashes, optimizer_scale
 from analysis.charts.versus import metric_vs_metric
+from resultstore.vocabulary import Sink
 
 __all__ = ["MEASURE_TITLES", "sinks_by_layer", "sinks_vs_outliers"]
 
 MEASURE_TITLES = {
-    "first_mass": "Mass on position 0",
-    "delimiter_mass": "Mass on delimiters",
-    "sink_heads": "Heads whose top key is a sink",
-    "null_mass": "Mass on no key",
+    Sink.FIRST_MASS: "Mass on position 0",
+    Sink.DELIMITER_MASS: "Mass on delimiters",
+    Sink.SINK_HEADS: "Heads whose top key is a sink",
+    Sink.NULL_MASS: "Mass on no key",
 }
 """Each sink measure's panel title, in panel order."""
 

@@ -16,6 +16,7 @@ from analysis.charts.layers import (
 from analysis.charts.style import (
     AXIS_TITLES, COLOR_LEGEND, METRIC_TITLES, REFERENCES, dashes, metric_title, optimizer_scale,
 )  # fmt: skip
+from resultstore.vocabulary import Metric
 
 __all__ = ["loss_vs_params", "metric_vs_params"]
 
@@ -25,7 +26,7 @@ def metric_vs_params(
     table: pl.DataFrame | pl.LazyFrame,
     curves: pl.DataFrame | pl.LazyFrame | None = None,
     *,
-    metric: str = "kurtosis",
+    metric: str = Metric.KURTOSIS,
     x: str = "params_non_embedding",
     facet: str | None = "norm",
     reference: float | None = None,

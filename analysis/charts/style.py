@@ -9,6 +9,7 @@ from typing import Any, Literal
 import altair as alt
 
 from analysis.labels import BASIS_SERIES, SITE_NAMES
+from resultstore.vocabulary import Basis, Metric, Site
 
 __all__ = [
     "AXIS_TITLES", "COLOR_LEGEND", "DASHES", "DASH_LEGEND", "FAMILY_ORDER", "FONT", "HEIGHT",
@@ -52,20 +53,20 @@ their panels appear; tests/test_registry.py holds the two sets equal."""
 _SPARE = ["#1F78B4", "#33A02C", "#FB9A99", "#CAB2D6", "#FDBF6F"]
 
 METRIC_TITLES = {
-    "kurtosis": "Kurtosis (Gaussian = 3)",
-    "neuron_kurtosis": "Neuron kurtosis (Gaussian ≈ 1)",
-    "outlier_dims_abs": "Outlier dimensions (|x| > 6)",
-    "outlier_dims_rel": "Outlier dimensions (|x| > 6 RMS)",
+    Metric.KURTOSIS: "Kurtosis (Gaussian = 3)",
+    Metric.NEURON_KURTOSIS: "Neuron kurtosis (Gaussian ≈ 1)",
+    Metric.OUTLIER_DIMS_ABS: "Outlier dimensions (|x| > 6)",
+    Metric.OUTLIER_DIMS_REL: "Outlier dimensions (|x| > 6 RMS)",
     "outlier_fraction": "Outlier fraction of d (|x| > 6 RMS)",
     "kurtosis_over_null": "Kurtosis / null 3(d−1)/(d+1)",
-    "max_abs": "Max |activation|",
-    "max_median_ratio": "Max / median |activation|",
-    "dettmers_outliers": "Outlier features (Dettmers)",
+    Metric.MAX_ABS: "Max |activation|",
+    Metric.MAX_MEDIAN_RATIO: "Max / median |activation|",
+    Metric.DETTMERS_OUTLIERS: "Outlier features (Dettmers)",
     "final_val_loss": "Validation loss (nats/token)",
     "final_train_loss": "Training loss (nats/token)",
-    "quant_loss_delta": "Quantisation penalty (Δ val loss, nats/token)",
+    Metric.QUANT_LOSS_DELTA: "Quantisation penalty (Δ val loss, nats/token)",
 }
-REFERENCES = {"kurtosis": 3.0, "neuron_kurtosis": 1.0}
+REFERENCES = {Metric.KURTOSIS: 3.0, Metric.NEURON_KURTOSIS: 1.0}
 AXIS_TITLES = {
     "params_non_embedding": "Parameters (non-embedding)",
     "params": "Parameters (total)",
@@ -158,7 +159,8 @@ def metric_title(metric: str, site: str | None = None, basis: str | None = None)
     """A readable axis title for a metric, e.g. ``"Kurtosis (Gaussian = 3)"``."""
     title = METRIC_TITLES.get(metric, metric.replace("_", " ").capitalize())
     where = SITE_NAMES.get((site, basis)) if site else None
-    return title if where in (None, "residual stream", "model") else f"{title}, {where}"
+    return title if where in (None, SITE_NAMES[Site.RESID, Basis.STORED], SITE_NAMES[Site.MODEL, Basis.COMPUTATION]) \
+        else f"{title}, {where}"
 
 
 def format_count(n: float | None) -> str:

@@ -16,6 +16,7 @@ from analysis.charts.style import (
     AXIS_TITLES, METRIC_TITLES, PANEL_HEIGHT, REFERENCES, SERIES_ORDER, SHAPES, SizeChoice, dashes,
     metric_title, optimizer_scale,
 )  # fmt: skip
+from resultstore.vocabulary import Metric
 
 __all__ = ["basis_comparison", "kurtosis_by_layer", "metric_over_training"]
 
@@ -24,7 +25,7 @@ __all__ = ["basis_comparison", "kurtosis_by_layer", "metric_over_training"]
 def kurtosis_by_layer(
     profile: pl.DataFrame | pl.LazyFrame,
     *,
-    metric: str = "kurtosis",
+    metric: str = Metric.KURTOSIS,
     size: SizeChoice = "largest",
     facet: str | None = "norm",
     reference: float | None = None,
@@ -52,7 +53,7 @@ def kurtosis_by_layer(
     chart = assemble(layers, df, facet, rows="size" if size is None else None, keep=["layer", "kind"],
                      facet_sort=panels)
     what = _short(metric)
-    title = title or f"{what} by layer{', residual stream' if metric == 'kurtosis' else ''}"
+    title = title or f"{what} by layer{', residual stream' if metric == Metric.KURTOSIS else ''}"
     caption = caption or (
         f"{what} at the final step by layer, one line per config{_panels_words(df)}: "
         f"{seeds_phrase(df.filter(pl.col('kind') != 'unrotated'), confidence)}. "
@@ -91,7 +92,7 @@ def _constant_words(df: pl.DataFrame, metric: str) -> str:
     """Says so when every point is the same value (e.g. no outlier dimension at any width): a
     flat chart is a finding, not a drawing error; and names the unit a short axis title left out."""
     unit = METRIC_TITLES.get(metric, "").partition(" (")[2].rstrip(")")
-    words = f" Unit: {unit}." if unit and metric != "kurtosis" else ""
+    words = f" Unit: {unit}." if unit and metric != Metric.KURTOSIS else ""
     values = df.filter(pl.col("kind") != "unrotated").get_column("mean").drop_nulls().unique()
     return words + (f" Every config reads {values[0]:g} at every layer." if values.len() == 1 else "")
 
@@ -117,7 +118,7 @@ def _null_words(df: pl.DataFrame, reference: float | None, where: str) -> str:
 def metric_over_training(
     frame: pl.DataFrame | pl.LazyFrame,
     *,
-    metric: str = "kurtosis",
+    metric: str = Metric.KURTOSIS,
     x: str = "tokens",
     size: SizeChoice = "largest",
     facet: str | None = "norm",
@@ -195,7 +196,7 @@ def metric_over_training(
 def basis_comparison(
     frame: pl.DataFrame | pl.LazyFrame,
     *,
-    metric: str = "kurtosis",
+    metric: str = Metric.KURTOSIS,
     size: SizeChoice = "largest",
     reference: float | None = None,
     log_y: bool | None = None,

@@ -17,6 +17,7 @@ from analysis.charts.layers import (
 from analysis.charts.style import (
     COLOR_LEGEND, METRIC_TITLES, REFERENCES, format_count, metric_title, optimizer_scale,
 )  # fmt: skip
+from resultstore.vocabulary import Basis, Metric
 
 __all__ = ["LADDER_VIEWS", "best_of_each_ladder", "kurtosis_vs_loss", "metric_vs_metric", "quant_penalty"]
 
@@ -80,7 +81,7 @@ def metric_vs_metric(
         frame = frame.filter(chosen)
     df = decorate(frame, facet)
     if null_axis is not None:
-        df = with_null(df, "kurtosis")
+        df = with_null(df, Metric.KURTOSIS)
         if "null_ref" in df.columns:
             reference = x_reference = None
     size_col = size_column(df)
@@ -149,8 +150,8 @@ def kurtosis_vs_loss(
     kw.setdefault("title", "Kurtosis at matched loss")
     kw["ladder"] = ladder
     return metric_vs_metric(
-        table, x_title=METRIC_TITLES["final_val_loss"], y_title=metric_title("kurtosis"),
-        facet=facet, reference=REFERENCES["kurtosis"], null_axis="y", **kw,
+        table, x_title=METRIC_TITLES["final_val_loss"], y_title=metric_title(Metric.KURTOSIS),
+        facet=facet, reference=REFERENCES[Metric.KURTOSIS], null_axis="y", **kw,
     )  # fmt: skip
 
 
@@ -160,12 +161,12 @@ def quant_penalty(
     """What outliers cost: the quantisation penalty (y, from ``selection.quant_penalty``)
     against residual kurtosis (x), per config, coloured by optimiser."""
     df = as_frame(table)
-    quant = df.get_column("quant").first() if "quant" in df.columns and df.height else "w8a8"
+    quant = df.get_column("quant").first() if "quant" in df.columns and df.height else Basis.W8A8
     kw.setdefault("title", f"{str(quant).upper()} quantisation penalty")
     return metric_vs_metric(
-        df, x_title=metric_title("kurtosis"),
+        df, x_title=metric_title(Metric.KURTOSIS),
         y_title=f"{str(quant).upper()} penalty (Δ val loss, nats/token)",
-        facet=facet, x_reference=REFERENCES["kurtosis"], null_axis="x", **kw,
+        facet=facet, x_reference=REFERENCES[Metric.KURTOSIS], null_axis="x", **kw,
     )  # fmt: skip
 
 

@@ -118,39 +118,24 @@ def write_report(
         rendered = render.render_charts(c.charts, formats, png_scale, workers)
     rep = ReportResult(out=out_dir, index=writer.uri("index.html"), content=c)
 
-    if c.onsets is not None:
-        rep.files.append(writer.write("onset.csv", c.onsets.write_csv().encode()))
     for name, files in rendered.items():
         rep.charts[name] = [writer.write(f"{name}.{fmt}", files[fmt]) for fmt in formats]
         rep.files += rep.charts[name]
-    if c.best_lr.height:
-        rep.files.append(writer.write("best_lr.csv", c.best_lr_csv.write_csv().encode()))
-    if c.levels.height:
-        rep.files.append(writer.write("levels.csv", c.levels.write_csv().encode()))
-    if c.family_levels.height:
-        rep.files.append(writer.write("family_levels.csv", c.family_levels.write_csv().encode()))
-    if c.lr_fit.height:
+    for t in c.tables.values():  # every table a section added (ctx.table), as <name>.csv
+        if t.frame.height or t.keep_empty:
+            rep.files.append(writer.write(f"{t.name}.csv", t.frame.write_csv().encode()))
+    if c.lr_fit.height and "lr_fit" not in c.tables:  # report/lr.py sets the field (not yet ctx.table)
         rep.files.append(writer.write("lr_fit.csv", c.lr_fit.write_csv().encode()))
-    for name in ("optimum", "optimum_slopes", "optimum_families", "twins"):  # issue 45: the level at lr*
-        table = getattr(c, name)
-        if table.height:
-            rep.files.append(writer.write(f"{name}.csv", table.write_csv().encode()))
     if c.privilege.height:  # issue 32: the per-trial test
-        rep.files.append(writer.write("privilege.csv", c.privilege.write_csv().encode()))
         rep.files.append(writer.write("privilege.md", privilege.markdown(c.privilege, c.x).encode()))
     if len(c.sizes) >= 2 and c.n_done:
         say("writing fits.csv, fits.md, fits.tex")
-        rep.files.append(writer.write("fits.csv", c.fits.write_csv().encode()))
         md = render.fits_markdown(c.fits, c.comparisons, confidence, c.family_comparisons, c.levels, c.family_levels)
         if COUNT_FIT_NOTE in c.notes:
             md += "\n" + COUNT_FIT_NOTE + "\n"
         md += lr_fit_markdown(c.lr_fit, confidence)
         rep.files.append(writer.write("fits.md", md.encode()))
         rep.files.append(writer.write("fits.tex", render.fits_latex(c.fits, confidence).encode()))
-        if c.comparisons.height:
-            rep.files.append(writer.write("comparisons.csv", c.comparisons.write_csv().encode()))
-        if c.family_comparisons.height:
-            rep.files.append(writer.write("family_comparisons.csv", c.family_comparisons.write_csv().encode()))
     say("writing index.html")
     svgs = {name: files["svg"].decode() for name, files in rendered.items()}
     page = render.index_html(c, svgs, formats, confidence)

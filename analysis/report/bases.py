@@ -8,6 +8,7 @@ import polars as pl
 
 from analysis import charts, queries, selection
 from analysis.report.section import Context, Section, varies
+from resultstore.vocabulary import Metric
 
 __all__ = ["SECTION"]
 
@@ -16,10 +17,10 @@ def add(ctx: Context) -> None:
     """The basis comparison where the attention or MLP input was read in its computation basis;
     the group-size chart where partial or shared rotations ran at two or more group sizes."""
     confidence, shown = ctx.confidence, ctx.shown
-    kurtosis_sites = {(site, basis) for site, basis, metric in ctx.have if metric == "kurtosis"}
-    if kurtosis_sites & {("attn_in", "computation"), ("mlp_in", "computation")}:
+    kurtosis_sites = {(site, basis) for site, basis, metric in ctx.have if metric == Metric.KURTOSIS}
+    if kurtosis_sites & set(selection.COMPUTATION_SITES):
         ctx.say("basis comparison")
-        bc = queries.basis_comparison(ctx.main, "kurtosis", confidence=confidence).collect()
+        bc = queries.basis_comparison(ctx.main, Metric.KURTOSIS, confidence=confidence).collect()
         ctx.chart(
             "basis_comparison",
             charts.basis_comparison(bc),
@@ -28,7 +29,7 @@ def add(ctx: Context) -> None:
             "and the attention / MLP inputs in their computation basis (largest model); "
             f"{shown}. Dashed: the exact null 3(d−1)/(d+1).",
         )
-    comp_sites = tuple(s for s in selection.COMPUTATION_SITES if (*s, "kurtosis") in ctx.have)
+    comp_sites = tuple(s for s in selection.COMPUTATION_SITES if (*s, Metric.KURTOSIS) in ctx.have)
     rotated = ctx.done.filter(pl.col("rotation").is_in(["partial", "shared"]))
     if not (comp_sites and varies(rotated, "rotation_label")):
         return
@@ -49,4 +50,4 @@ def add(ctx: Context) -> None:
     )
 
 
-SECTION = Section("bases", add, metrics=("kurtosis",))
+SECTION = Section("bases", add, metrics=(Metric.KURTOSIS,))

@@ -17,13 +17,32 @@ import polars as pl
 from analysis import charts, queries, selection
 from analysis.load import Results
 from analysis.multiplicity import DEFAULT_PRIMARY, PrimaryContrast
-from analysis.report import bases, checks, dims, kurtosis, lr, optimum, privilege, quant, sae, scaling, sinks, slopes
+from analysis.report import bases, checks, dims, kurtosis, lr, optimum, privilege, quant, render, sae, scaling, sinks, slopes
 from analysis.report.fits import DEFAULT_FITS, FitSpec
 from analysis.report.quant import floor_note as _quant_floor_note  # noqa: F401  (its old name, for tests)
 from analysis.report.section import Charts, Context, Options, ReportContent, Section, metrics_read
 from analysis.report.slopes import COUNT_FIT_NOTE
 
 __all__ = ["COUNT_FIT_NOTE", "SECTIONS", "ReportContent", "build"]
+
+BEST_LR_WORDS = (
+    "Per optimiser, size, norm and rotation (the config without its lr), the lr with the lowest seed-mean final val "
+    "loss; the runner-up lr and how much worse it ends on the seeds the two share (seeds are paired across lrs: the "
+    "same init and data order; one shared seed is a choice resting on that seed); flags: an optimum at the edge of "
+    "the ladder (extend it), a tie with the runner-up (paired where they share 2+ seeds), a single lr (untuned)."
+)
+
+
+def _best_lr_table(ctx: Context) -> None:
+    """The best-lr choices (``_best_lr`` computes them before any section reads them) as best_lr.csv."""
+    c = ctx.content
+    if c.best_lr.height:
+        ctx.table("best_lr", c.best_lr_csv, BEST_LR_WORDS, title="Best learning rates",
+                  shown=lambda _: render.best_lr_table(c.best_lr, ctx.x))
+
+
+BEST_LR_SECTION = Section("best_lr", _best_lr_table)
+"""Listed after the per-trial test, as the page always had it."""
 
 SECTIONS: list[Section] = [
     kurtosis.SECTION,  # residual-stream kurtosis: by layer, over training, at matched loss, against size
@@ -33,6 +52,7 @@ SECTIONS: list[Section] = [
     optimum.SECTION,  # the level at each ladder's fitted loss-optimal lr, its slope across widths (issue 45)
     scaling.SECTION,  # the power-law and count fits, their charts and tables
     privilege.SECTION,  # the per-trial rank test and the top-1 share (issue 32)
+    BEST_LR_SECTION,  # the best-lr table
     sinks.SECTION,  # attention sinks (issue 36)
     dims.SECTION,  # what the outlier dimensions are (issue 20)
     sae.SECTION,  # the SAE probe (issue 21)

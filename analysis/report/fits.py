@@ -15,6 +15,7 @@ from analysis.labels import SITE_NAMES
 from analysis.multiplicity import PRIMARY, SECONDARY, PrimaryContrast, adjust_tables
 from analysis.null import NULL_LABEL
 from analysis.query_base import summarise
+from resultstore.vocabulary import Basis, Metric, Site
 
 __all__ = [
     "DEFAULT_FITS", "FitSpec", "adjust_comparisons", "compare_family_lines", "compare_lines", "family_contrasts",
@@ -33,8 +34,8 @@ class FitSpec:
     (``analysis.counts``), zeros included."""
 
     metric: str
-    site: str | None = "resid"
-    basis: str | None = "stored"
+    site: str | None = Site.RESID
+    basis: str | None = Basis.STORED
     layer_agg: queries.LayerAgg = "mean"
     offset: float = 0.0
     chart: bool = True
@@ -51,7 +52,7 @@ class FitSpec:
         if self.site is None:
             return self.metric
         parts = [self.metric, self.site]
-        if self.basis not in ("stored", "computation", "neuron"):
+        if self.basis not in (Basis.STORED, Basis.COMPUTATION, Basis.NEURON):
             parts.append(str(self.basis))
         if self.layer_agg != "mean":
             parts.append(self.layer_agg)
@@ -79,12 +80,12 @@ class FitSpec:
 
 
 DEFAULT_FITS: tuple[FitSpec, ...] = (
-    FitSpec("kurtosis", "resid", "stored", over_null=True),
-    FitSpec("kurtosis", "mlp_in", "computation", over_null=True),
-    FitSpec("top1_share", "resid", "stored"),
-    FitSpec("top1_share", "mlp_in", "computation"),
-    FitSpec("outlier_dims_rel", "attn_in", "computation", count=True),
-    FitSpec("outlier_dims_rel", "mlp_in", "computation", count=True),
+    FitSpec(Metric.KURTOSIS, Site.RESID, Basis.STORED, over_null=True),
+    FitSpec(Metric.KURTOSIS, Site.MLP_IN, Basis.COMPUTATION, over_null=True),
+    FitSpec(Metric.TOP1_SHARE, Site.RESID, Basis.STORED),
+    FitSpec(Metric.TOP1_SHARE, Site.MLP_IN, Basis.COMPUTATION),
+    FitSpec(Metric.OUTLIER_DIMS_REL, Site.ATTN_IN, Basis.COMPUTATION, count=True),
+    FitSpec(Metric.OUTLIER_DIMS_REL, Site.MLP_IN, Basis.COMPUTATION, count=True),
     FitSpec("final_val_loss", site=None),
 )
 """Kurtosis over the exact null 3(d-1)/(d+1) (a power law of kurtosis / null: slope 0

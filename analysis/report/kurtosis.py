@@ -8,19 +8,20 @@ import polars as pl
 
 from analysis import charts, queries, selection
 from analysis.report.section import Context, Section, varies
+from resultstore.vocabulary import Basis, Metric, Site
 
 __all__ = ["SECTION"]
 
 
 def add(ctx: Context) -> None:
-    """The kurtosis charts at the best-lr points; the onsets into ``ctx.content.onsets``."""
-    if ("resid", "stored", "kurtosis") not in ctx.have:
+    """The kurtosis charts at the best-lr points; the onsets table (onset.csv)."""
+    if (Site.RESID, Basis.STORED, Metric.KURTOSIS) not in ctx.have:
         ctx.note("No residual-stream kurtosis recorded: layer and training charts skipped.")
         return
     confidence, shown, facet = ctx.confidence, ctx.shown, ctx.facet
     threshold = ctx.options.onset_threshold
     ctx.say("kurtosis by layer")
-    prof = queries.layer_profile(ctx.main, "kurtosis", confidence=confidence).collect()
+    prof = queries.layer_profile(ctx.main, Metric.KURTOSIS, confidence=confidence).collect()
     ctx.chart(
         "kurtosis_by_layer",
         charts.kurtosis_by_layer(prof, facet=facet),
@@ -29,7 +30,7 @@ def add(ctx: Context) -> None:
         "3(d−1)/(d+1) at the model's width (what any activations read in a Haar-random basis).",
     )
     ctx.say("kurtosis over training")
-    over = queries.metric_over_training(ctx.main_history, "kurtosis", confidence=confidence).collect()
+    over = queries.metric_over_training(ctx.main_history, Metric.KURTOSIS, confidence=confidence).collect()
     onsets = selection.onset(ctx.main_history, threshold=threshold, confidence=confidence).collect()
     ctx.chart(
         "kurtosis_over_training",
@@ -42,12 +43,12 @@ def add(ctx: Context) -> None:
         f"{threshold:g} (dotted), with {confidence:.0%} t-intervals over the seeds that "
         "crossed (onset.csv also counts seeds that never did).",
     )
-    ctx.content.onsets = onsets.select(pl.exclude("tuning_id", "line_id", "tuned_line_id"))
+    ctx.table("onset", onsets.select(pl.exclude("tuning_id", "line_id", "tuned_line_id")), keep_empty=True)
     if "final_val_loss" in ctx.done.columns:
         ctx.say("kurtosis at matched loss")
         every = selection.versus(
             queries.loss_table(ctx.results, confidence=confidence),
-            queries.scale_table(ctx.results, "kurtosis", confidence=confidence),
+            queries.scale_table(ctx.results, Metric.KURTOSIS, confidence=confidence),
         ).collect()
         ctx.chart(
             "kurtosis_vs_loss",
@@ -67,7 +68,7 @@ def _against_size(ctx: Context) -> None:
     confidence, shown, x = ctx.confidence, ctx.shown, ctx.x
     if varies(ctx.done, "optimizer_family"):
         ctx.say("kurtosis by optimiser family")
-        fam = queries.scale_table(ctx.main, "kurtosis", confidence=confidence).collect()
+        fam = queries.scale_table(ctx.main, Metric.KURTOSIS, confidence=confidence).collect()
         ctx.chart(
             "kurtosis_by_family",
             charts.metric_vs_params(fam, None, x=x, facet="optimizer_family", connect=True,
@@ -78,7 +79,7 @@ def _against_size(ctx: Context) -> None:
         )  # fmt: skip
     elif len(ctx.sizes) >= 2:  # one family: the raw kurtosis against size, beside its null
         ctx.say("kurtosis against size")
-        raw = queries.scale_table(ctx.main, "kurtosis", confidence=confidence).collect()
+        raw = queries.scale_table(ctx.main, Metric.KURTOSIS, confidence=confidence).collect()
         ctx.chart(
             "kurtosis_vs_params",
             charts.metric_vs_params(raw, None, x=x, facet=ctx.facet, connect=True, title="Residual stream"),
@@ -89,4 +90,4 @@ def _against_size(ctx: Context) -> None:
         )  # fmt: skip
 
 
-SECTION = Section("kurtosis", add, metrics=("kurtosis",))
+SECTION = Section("kurtosis", add, metrics=(Metric.KURTOSIS,))

@@ -1,7 +1,7 @@
 """The report's section on the level at the loss-optimal lr (issue 45): at a fixed lr a
 per-coordinate optimiser's excess rises with width while its optimal lr falls, so a trend across
 widths is read at each ladder's fitted lr* (``analysis.optimum``), with a seed bootstrap over the
-whole surface. Tables (``ctx.content``, written as CSV): ``optimum`` (optimum.csv: per ladder lr*
+whole surface. Tables (``ctx.table``, written as CSV): ``optimum`` (optimum.csv: per ladder lr*
 and the level there with intervals, tokens per parameter), ``optimum_slopes`` (optimum_slopes.csv:
 per line and measure the slope against log N, its interval, its decision and the tokens per
 parameter of each width), ``optimum_families`` (optimum_families.csv: per width per-coordinate
@@ -16,13 +16,14 @@ import polars as pl
 from analysis import optimum
 from analysis.charts.optimum import ladder_cells, level_along_ladder
 from analysis.report.section import Context, Section
+from resultstore.vocabulary import Basis, Metric, Site
 
 __all__ = ["SECTION", "slope_note", "twin_note"]
 
 
 def add(ctx: Context) -> None:
-    """The tables into ``ctx.content``, the chart, and notes on the slopes and the twin contrasts."""
-    if not ctx.tuned or ("resid", "stored", "kurtosis") not in ctx.have:
+    """The tables (``ctx.table``), the chart, and notes on the slopes and the twin contrasts."""
+    if not ctx.tuned or (Site.RESID, Basis.STORED, Metric.KURTOSIS) not in ctx.have:
         return
     ctx.say("reading each ladder at its fitted loss-optimal lr")
     trials = optimum.trials_from(ctx.results)
@@ -30,12 +31,13 @@ def add(ctx: Context) -> None:
         return
     o = ctx.options
     levels, slopes = optimum.optimum_tables(trials, ctx.x, n_boot=o.n_boot, seed=o.seed, confidence=o.confidence)
-    c = ctx.content
-    c.optimum, c.optimum_slopes = levels, slopes
+    ctx.table("optimum", levels)
+    ctx.table("optimum_slopes", slopes)
     fams = [optimum.family_exact(levels, m) for m in optimum.MEASURES]
-    c.optimum_families = pl.concat([f for f in fams if f.height], how="diagonal_relaxed") if any(f.height for f in fams) \
-        else pl.DataFrame()  # fmt: skip
-    c.twins = optimum.twin_contrasts(trials, levels, o.confidence)
+    ctx.table("optimum_families", pl.concat([f for f in fams if f.height], how="diagonal_relaxed")
+              if any(f.height for f in fams) else pl.DataFrame())  # fmt: skip
+    twins = optimum.twin_contrasts(trials, levels, o.confidence)
+    ctx.table("twins", twins)
     if levels.height and levels.filter(pl.col("flag") == "").height:
         ctx.chart("level_along_ladder", level_along_ladder(ladder_cells(trials, confidence=o.confidence), levels,
                                                            confidence=o.confidence),
@@ -43,7 +45,7 @@ def add(ctx: Context) -> None:
                   "each width's fitted loss-optimal lr* and the level there with its seed-bootstrap interval "
                   f"({o.n_boot} replicates; optimum.csv). Read a trend across widths at the diamonds, not at one "
                   "lr or at the best grid point.")  # fmt: skip
-    for note in (slope_note(slopes), twin_note(c.twins)):
+    for note in (slope_note(slopes), twin_note(twins)):
         if note:
             ctx.note(note)
 
@@ -75,4 +77,4 @@ def twin_note(twins: pl.DataFrame) -> str:
             "in kurtosis / null: " + "; ".join(parts) + ".")
 
 
-SECTION = Section("optimum", add, metrics=("kurtosis", "top1_share"))
+SECTION = Section("optimum", add, metrics=(Metric.KURTOSIS, Metric.TOP1_SHARE))

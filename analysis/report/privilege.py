@@ -32,6 +32,8 @@ from analysis.load import Results
 from analysis.null import kurtosis_null, top_share_null
 from analysis.query_base import SORT, inputs, join_runs
 from analysis.report.section import Context, Section
+from analysis.report.table import Table
+from resultstore.vocabulary import RANK_P, Basis, Metric, Site
 
 __all__ = [
     "BASES", "METRICS", "NO_TEST_NOTE", "P_PRIVILEGED", "SECTION", "SITES", "TITLE", "WORDS", "add", "cells", "markdown",
@@ -45,21 +47,21 @@ BASES = 32
 P_PRIVILEGED = 1 / (BASES + 1)
 """p = 1/33: the smallest p the rank test gives, the stored basis beating every random one."""
 
-MEASURES = {"kurtosis_rank_p": "kurtosis", "top1_share_rank_p": "top1_share"}
+MEASURES = {rank_p: measure for measure, rank_p in RANK_P.items()}
 """The rank-test rows (basis ``random``) and the measure each ranks."""
 
 SITES = {
-    "resid": ("stored", "residual stream (stored basis)"),
-    "attn_in": ("computation", "attention input (computation basis)"),
-    "mlp_in": ("computation", "MLP input (computation basis)"),
+    Site.RESID: (Basis.STORED, "residual stream (stored basis)"),
+    Site.ATTN_IN: (Basis.COMPUTATION, "attention input (computation basis)"),
+    Site.MLP_IN: (Basis.COMPUTATION, "MLP input (computation basis)"),
 }
 """The tested sites: the basis the test ranks, and its name in the table."""
 
-SHARE_SITES = (("resid", "stored", "Residual stream (stored basis)"),
-               ("mlp_in", "computation", "MLP input (computation basis)"))
+SHARE_SITES = ((Site.RESID, Basis.STORED, "Residual stream (stored basis)"),
+               (Site.MLP_IN, Basis.COMPUTATION, "MLP input (computation basis)"))
 """Where the top-1 share is charted, in panel order."""
 
-METRICS = ("kurtosis", "top1_share", *MEASURES)
+METRICS = (Metric.KURTOSIS, Metric.TOP1_SHARE, *MEASURES)
 """The metrics this section reads (``content.build`` keeps only the metrics the report uses)."""
 
 TITLE = "The per-trial test: is the stored basis privileged?"
@@ -100,7 +102,7 @@ def test_table(results: Results, x: str = "params_non_embedding", line: str = "t
     tested = pl.lit(False)
     for site in SITES:
         tested = tested | (pl.col("site") == site)
-    rows = metrics.filter(pl.col("metric").is_in(list(MEASURES)) & (pl.col("basis") == "random") & tested
+    rows = metrics.filter(pl.col("metric").is_in(list(MEASURES)) & (pl.col("basis") == Basis.RANDOM) & tested
                           & (pl.col("layer") >= 1))  # fmt: skip
     rows = rows.filter(pl.col("step") == pl.col("step").max().over("trial_id", "metric", "site"))
     per = rows.group_by("trial_id", "site", "metric").agg(
@@ -179,12 +181,12 @@ def add(
         return pl.DataFrame()
     have = set(results.metrics.filter(pl.col("metric").is_in(list(METRICS))).select("site", "basis", "metric")
                .unique().collect().iter_rows())  # fmt: skip
-    shares = [(s, b, name) for s, b, name in SHARE_SITES if (s, b, "top1_share") in have]
+    shares = [(s, b, name) for s, b, name in SHARE_SITES if (s, b, Metric.TOP1_SHARE) in have]
     if not shares and not any(m in MEASURES for _, _, m in have):
         notes.append(NO_TEST_NOTE)
         return pl.DataFrame()
     table = test_table(results, x) if any(m in MEASURES for _, _, m in have) else pl.DataFrame()
-    frames = [queries.scale_table(results, "top1_share", s, b, confidence=confidence).collect()
+    frames = [queries.scale_table(results, Metric.TOP1_SHARE, s, b, confidence=confidence).collect()
               .with_columns(site_name=pl.lit(name)) for s, b, name in shares]  # fmt: skip
     frame = pl.concat([f for f in frames if f.height], how="diagonal_relaxed") if frames else pl.DataFrame()
     if frame.height and frame.get_column(x).n_unique() >= 2:
@@ -210,7 +212,7 @@ def trend_note(results: Results, shares: pl.DataFrame, x: str = "params_non_embe
     resid = shares.filter(pl.col("site_name") == SHARE_SITES[0][2])
     if resid.height == 0 or resid.get_column(x).n_unique() < 2:
         return ""
-    kurt = queries.scale_table(results, "kurtosis", "resid", "stored", confidence=confidence, over_null=True).collect()
+    kurt = queries.scale_table(results, Metric.KURTOSIS, Site.RESID, Basis.STORED, confidence=confidence, over_null=True).collect()
     line = "tuned_line_id" if "tuned_line_id" in resid.columns else "config_id"
     labels = selection.line_labels(resid, line)
     parts = []
@@ -239,9 +241,9 @@ def trend_note(results: Results, shares: pl.DataFrame, x: str = "params_non_embe
 
 
 def _add_to_report(ctx: Context) -> None:
-    """``add`` at the report's best-lr view; the test table into ``ctx.content.privilege``."""
-    ctx.content.privilege = add(ctx.main, ctx.done, ctx.built, ctx.notes, x=ctx.x, facet=ctx.facet,
-                                confidence=ctx.confidence)
+    """``add`` at the report's best-lr view; the test table (privilege.csv, listed in index.html)."""
+    table = add(ctx.main, ctx.done, ctx.built, ctx.notes, x=ctx.x, facet=ctx.facet, confidence=ctx.confidence)
+    ctx.table("privilege", table, WORDS, title=TITLE, shown=lambda frame: Table(*cells(frame, ctx.x)))
 
 
 SECTION = Section("privilege", _add_to_report, metrics=METRICS)

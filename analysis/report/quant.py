@@ -7,13 +7,14 @@ import polars as pl
 
 from analysis import charts, selection
 from analysis.report.section import Context, Section
+from resultstore.vocabulary import Metric, Site
 
 __all__ = ["SECTION", "floor_note"]
 
 
 def add(ctx: Context) -> None:
     """One chart and one floor note per scheme (w8a8, w4a4, ...), or one note where none ran."""
-    schemes = sorted(b for site, b, m in ctx.have if m == "quant_loss_delta" and site == "model")
+    schemes = sorted(b for site, b, m in ctx.have if m == Metric.QUANT_LOSS_DELTA and site == Site.MODEL)
     if not schemes:
         ctx.note("No quantisation penalty recorded (metric quant_loss_delta): chart skipped.")
     for scheme in schemes:
@@ -42,4 +43,4 @@ def floor_note(scheme: str, qt: pl.DataFrame) -> str:
             "within it of 0, and differences between penalties smaller than it are this batch's noise.")
 
 
-SECTION = Section("quant", add, metrics=("quant_loss_delta", "quant_loss_delta_se"))
+SECTION = Section("quant", add, metrics=(Metric.QUANT_LOSS_DELTA, Metric.QUANT_LOSS_DELTA_SE))

@@ -12,7 +12,6 @@ import html
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from string import Template
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +21,7 @@ from analysis.charts import AXIS_TITLES, format_count
 from analysis.fits import MIN_BOOTSTRAP_UNITS
 from analysis.load import config_label
 from analysis.power_law import n_label
-from analysis.report import privilege
+from analysis.report.table import Table, latex_escape
 from analysis.vega_workers import VECTOR, VegaWorkers, render_spec
 
 if TYPE_CHECKING:
@@ -41,52 +40,6 @@ __all__ = [
     "levels_table",
     "render_charts",
 ]
-
-
-@dataclass(frozen=True)
-class Table:
-    """A readable table: a header and rows of strings, rendered to each format."""
-
-    header: Sequence[str]
-    rows: Sequence[Sequence[str]]
-
-    def drop(self, column: str) -> Table:
-        """The same table without ``column``."""
-        i = list(self.header).index(column)
-        return Table([h for j, h in enumerate(self.header) if j != i], [[c for j, c in enumerate(r) if j != i] for r in self.rows])
-
-    def markdown(self) -> list[str]:
-        def line(cells: Sequence[str]) -> str:
-            return "| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
-
-        return [line(self.header), "|" + "|".join("---" for _ in self.header) + "|", *map(line, self.rows)]
-
-    def latex(self) -> list[str]:
-        head = " & ".join(latex_escape(h) for h in self.header).replace("R$^2$", "$R^2$")
-        return [
-            r"\begin{tabular}{" + "l" * len(self.header) + "}",
-            r"\toprule",
-            head + r" \\",
-            r"\midrule",
-            *(" & ".join(latex_escape(c) for c in row) + r" \\" for row in self.rows),
-            r"\bottomrule",
-            r"\end{tabular}",
-        ]
-
-    def html(self) -> str:
-        head = "".join(f"<th>{html.escape(h)}</th>" for h in self.header)
-        body = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in self.rows
-        )
-        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def latex_escape(s: str) -> str:
-    for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"),
-                 ("#", r"\#"), ("$", r"\$"), ("{", r"\{"), ("}", r"\}"), ("·", r"$\cdot$"),
-                 ("−", "$-$"), ("—", "---"), ("²", "$^2$"), ("≤", r"$\le$"), ("×", r"$\times$"), ("~", r"\textasciitilde{}")):  # fmt: skip
-        s = s.replace(a, b) if a != "\\" else s.replace(a, "\x00")
-    return s.replace("\x00", r"\textbackslash{}")
 
 
 def fmt(v: Any, digits: int = 3) -> str:
@@ -378,7 +331,8 @@ $body
 
 
 def index_html(content: ReportContent, svgs: dict[str, str], formats: Sequence[str], confidence: float) -> str:
-    """The one-page report: summary, notes, figures (SVG inlined), tables, checks, failures."""
+    """The one-page report: summary, notes, figures (SVG inlined), the fits, the sections' tables
+    with a title (``ctx.table``, in their order), checks, failures."""
     e = html.escape
     c, x = content, content.x
     summary = [f"<li>{c.n_runs} trials: {c.n_done} done, {c.n_failed} failed, {c.n_diverged} diverged.</li>"]
@@ -418,31 +372,12 @@ def index_html(content: ReportContent, svgs: dict[str, str], formats: Sequence[s
         body.append(fits_table(c.fits).html())
     else:
         body.append("<p>No fits: see the notes above.</p>")
-    sections = (
-        (c.comparisons, "Exponent differences", "exponent(b) − exponent(a) between optimisers at the same norm "
-         f"and rotation. {COMPARISONS}", comparisons_table, None),
-        (c.family_comparisons, "Family differences", "exponent(family b) − exponent(family a) at the same norm "
-         f"and rotation. {FAMILY_COMPARISONS}", family_comparisons_table, "family_comparisons.csv"),
-        (c.levels, "Levels at each size", f"Seed mean [{confidence:.0%} CI] (seeds). {LEVELS}", levels_table,
-         "levels.csv"),
-        (c.family_levels, "Family differences in level", "level(family b) − level(family a) at each size, same "
-         f"norm and rotation. {FAMILY_LEVELS}", family_levels_table, "family_levels.csv"),
-        (c.privilege, privilege.TITLE, privilege.WORDS, lambda f: Table(*privilege.cells(f, x)), "privilege.csv"),
-    )  # fmt: skip
-    for frame, title, words, table, csv in sections:
-        if frame.height:
-            also = f" Also in <a href='{csv}'>{csv}</a>." if csv else ""
-            body += [f"<h2>{title}</h2><p>{e(words)}{also}</p>", table(frame).html()]
-    if c.best_lr.height:
-        body.append(
-            "<h2>Best learning rates</h2><p>Per optimiser, size, norm and rotation (the config "
-            "without its lr), the lr with the lowest seed-mean final val loss; the runner-up lr and "
-            "how much worse it ends on the seeds the two share (seeds are paired across lrs: the same "
-            "init and data order; one shared seed is a choice resting on that seed); flags: an optimum "
-            "at the edge of the ladder (extend it), a tie with the runner-up (paired where they share "
-            "2+ seeds), a single lr (untuned). Also in <a href='best_lr.csv'>best_lr.csv</a>.</p>"
-        )
-        body.append(best_lr_table(c.best_lr, x).html())
+    for t in c.tables.values():  # the sections' tables, in the order they added them
+        if t.title and t.frame.height:
+            also = f" Also in <a href='{t.name}.csv'>{t.name}.csv</a>." if t.link else ""
+            body.append(f"<h2>{t.title}</h2><p>{e(t.caption)}{also}</p>")
+            if t.shown is not None:
+                body.append(t.shown(t.frame).html())
     body.append("<h2>Invariance checks</h2>")
     if c.check_summary.height:
         body.append(

@@ -1,6 +1,6 @@
 """The report's scaling section: each fit spec (``fits.DEFAULT_FITS``) fitted against model
 size per config at the best-lr points, with its chart; the fits, comparisons and levels tables
-(``ctx.content``: fits.csv, comparisons.csv, levels.csv, ...). Outlier counts are fitted as
+(``ctx.table``: fits.csv, comparisons.csv, levels.csv, ...). Outlier counts are fitted as
 fractions by a binomial GLM (``analysis.counts``); the rest as power laws (``analysis.fits``).
 The tables' Holm adjustment and the slopes chart come later (``slopes``)."""
 
@@ -14,6 +14,7 @@ import polars as pl
 from analysis import charts, counts, fits, queries, selection
 from analysis.null import NULL_LABEL
 from analysis.query_base import group_keys, summarise
+from analysis.report import render
 from analysis.report.fits import FitSpec, compare_family_lines, compare_lines, level_rows, primary_fit
 from analysis.report.section import Context, Section, site_title
 
@@ -34,7 +35,7 @@ class _Rows:
 
 def add(ctx: Context) -> None:
     """Every fit spec in turn (a missing metric: a note, or nothing for a store that predates
-    it), then the tables into ``ctx.content`` and a note on the fits that are undefined."""
+    it), then the tables (``ctx.table``) and a note on the fits that are undefined."""
     rows = _Rows()
     for spec in ctx.options.fit_specs:
         if spec.count:
@@ -57,12 +58,22 @@ def add(ctx: Context) -> None:
             + "; ".join(f"{r['fit']}: {r['config']} ({_why(r['note'])})" for r in rows.skipped)
             + "."
         )
-    if rows.fits:
-        c.fits = pl.concat(rows.fits, how="diagonal_relaxed")
-    c.comparisons = pl.from_dicts(rows.comparisons) if rows.comparisons else pl.DataFrame()
-    c.family_comparisons = pl.from_dicts(rows.family_comparisons) if rows.family_comparisons else pl.DataFrame()
-    c.levels = pl.from_dicts(rows.levels) if rows.levels else pl.DataFrame()
-    c.family_levels = pl.from_dicts(rows.family_levels) if rows.family_levels else pl.DataFrame()
+    fitted = len(ctx.sizes) >= 2
+    # the fits table is written wherever fits could be made, even with none defined
+    ctx.table("fits", pl.concat(rows.fits, how="diagonal_relaxed") if rows.fits else c.fits, keep_empty=fitted)
+    confidence = f"{ctx.confidence:.0%}"
+    for name, title, caption, table in (
+        ("comparisons", "Exponent differences", "exponent(b) − exponent(a) between optimisers at the same norm and "
+         f"rotation. {render.COMPARISONS}", render.comparisons_table),
+        ("family_comparisons", "Family differences", "exponent(family b) − exponent(family a) at the same norm and "
+         f"rotation. {render.FAMILY_COMPARISONS}", render.family_comparisons_table),
+        ("levels", "Levels at each size", f"Seed mean [{confidence} CI] (seeds). {render.LEVELS}", render.levels_table),
+        ("family_levels", "Family differences in level", "level(family b) − level(family a) at each size, same norm "
+         f"and rotation. {render.FAMILY_LEVELS}", render.family_levels_table),
+    ):  # fmt: skip
+        found = getattr(rows, name)
+        frame = pl.from_dicts(found) if found else pl.DataFrame()
+        ctx.table(name, frame, caption, title=title, shown=table, link=name != "comparisons")
 
 
 def _inputs(ctx: Context, spec: FitSpec) -> tuple[pl.DataFrame, pl.DataFrame | None] | None:

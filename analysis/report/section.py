@@ -5,12 +5,15 @@
 - ``Context``: what every section is handed: the options, the views of the results (every
   step, the final step, the best-lr points), the model sizes, and the content built so far.
 - ``ReportContent``: everything the report shows, computed (``render`` turns it into bytes).
+- ``ReportTable``: one table a section adds (``ctx.table``): written as ``<name>.csv`` and, with a
+  title, listed in index.html, in the order the sections add them.
 
 ``content.SECTIONS`` lists the sections in display order; ``content.build`` loops over it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,14 +24,37 @@ from analysis.labels import SITE_NAMES
 from analysis.load import Results
 from analysis.multiplicity import PrimaryContrast
 from analysis.report.fits import FitSpec
+from analysis.report.table import Table
 
-__all__ = ["Context", "Options", "ReportContent", "Section", "site_title", "varies"]
+__all__ = ["Context", "Options", "ReportContent", "ReportTable", "Section", "site_title", "varies"]
+
+
+@dataclass(frozen=True)
+class ReportTable:
+    """A table of the report. ``frame`` is written as ``<name>.csv`` (every column) where it has
+    rows, or always with ``keep_empty``. With a ``title`` it is also listed in index.html: the
+    title, ``caption`` (with a link to the CSV unless ``link`` is False) and ``shown(frame)``, the
+    readable subset of its columns (where it has rows)."""
+
+    name: str
+    frame: pl.DataFrame
+    caption: str = ""
+    title: str = ""
+    shown: Callable[[pl.DataFrame], Table] | None = None
+    link: bool = True
+    keep_empty: bool = False
+
+
+def _table(name: str, empty: Callable[[], Any] = pl.DataFrame) -> property:
+    """``content.<name>``: the frame of the table ``name`` (``empty()`` where no section added it)."""
+    return property(lambda self: self.tables[name].frame if name in self.tables else empty(),
+                    doc=f"The {name} table's frame ({name}.csv).")
 
 
 @dataclass
 class ReportContent:
     """Everything the report shows, computed; ``charts[name]`` is an Altair chart with its
-    caption in ``captions[name]`` (in display order)."""
+    caption in ``captions[name]``, ``tables[name]`` a ``ReportTable`` (each in display order)."""
 
     name: str
     path: str
@@ -42,22 +68,27 @@ class ReportContent:
     failures: pl.DataFrame = field(default_factory=pl.DataFrame)
     charts: dict[str, Any] = field(default_factory=dict)
     captions: dict[str, str] = field(default_factory=dict)
-    fits: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema={"fit": pl.String}))
+    tables: dict[str, ReportTable] = field(default_factory=dict)
     skipped: pl.DataFrame = field(default_factory=pl.DataFrame)
-    comparisons: pl.DataFrame = field(default_factory=pl.DataFrame)
-    family_comparisons: pl.DataFrame = field(default_factory=pl.DataFrame)
-    levels: pl.DataFrame = field(default_factory=pl.DataFrame)
-    family_levels: pl.DataFrame = field(default_factory=pl.DataFrame)
-    privilege: pl.DataFrame = field(default_factory=pl.DataFrame)
     best_lr: pl.DataFrame = field(default_factory=pl.DataFrame)
+    """The best-lr selection every section reads (the best_lr table is its CSV columns)."""
     lr_fit: pl.DataFrame = field(default_factory=pl.DataFrame)
-    optimum: pl.DataFrame = field(default_factory=pl.DataFrame)
-    optimum_slopes: pl.DataFrame = field(default_factory=pl.DataFrame)
-    optimum_families: pl.DataFrame = field(default_factory=pl.DataFrame)
-    twins: pl.DataFrame = field(default_factory=pl.DataFrame)
-    onsets: pl.DataFrame | None = None
+    """Set by report/lr.py; written as lr_fit.csv unless a section added an lr_fit table."""
     check_summary: pl.DataFrame = field(default_factory=pl.DataFrame)
+    """The invariance checks: shown in index.html, no CSV."""
     notes: list[str] = field(default_factory=list)
+
+    fits = _table("fits", lambda: pl.DataFrame(schema={"fit": pl.String}))
+    comparisons = _table("comparisons")
+    family_comparisons = _table("family_comparisons")
+    levels = _table("levels")
+    family_levels = _table("family_levels")
+    privilege = _table("privilege")
+    optimum = _table("optimum")
+    optimum_slopes = _table("optimum_slopes")
+    optimum_families = _table("optimum_families")
+    twins = _table("twins")
+    onsets = _table("onset", lambda: None)
 
     @property
     def best_lr_csv(self) -> pl.DataFrame:
@@ -139,6 +170,15 @@ class Context:
         """Add a chart, in display order, with its caption."""
         self.built[name] = (chart, caption)
 
+    def table(self, name: str, frame: pl.DataFrame, caption: str = "", *, title: str = "",
+              shown: Callable[[pl.DataFrame], Table] | None = None, link: bool = True, keep_empty: bool = False) -> None:
+        """Add a table (``ReportTable``), in display order."""
+        self.content.tables[name] = ReportTable(name, frame, caption, title, shown, link, keep_empty)
+
+    def retable(self, name: str, frame: pl.DataFrame) -> None:
+        """The table ``name`` with a new frame, in its place, with its caption and listing."""
+        self.content.tables[name] = dataclasses.replace(self.content.tables[name], frame=frame)
+
     def note(self, text: str) -> None:
         self.content.notes.append(text)
 
@@ -146,7 +186,7 @@ class Context:
 @dataclass(frozen=True)
 class Section:
     """One part of the report. ``add(ctx)`` builds its charts (``ctx.chart``), notes
-    (``ctx.note``) and tables (fields of ``ctx.content``). ``metrics``: the metrics it reads
+    (``ctx.note``) and tables (``ctx.table``). ``metrics``: the metrics it reads
     (the report keeps only those in its one pass over the metrics table); ``fit_metrics``: it
     also reads the fit specs' metrics. ``needs_done``: it runs only where some trial finished."""
 

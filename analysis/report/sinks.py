@@ -28,13 +28,14 @@ from analysis import queries, selection
 from analysis.charts.sinks import sinks_by_layer, sinks_vs_outliers
 from analysis.load import Results
 from analysis.report.section import Section
+from resultstore.vocabulary import Basis, Metric, Sink, Site
 
 __all__ = ["BASIS", "MEASURES", "METRICS", "NO_SINK_NOTE", "SECTION", "SITE", "UNIFORM", "add", "profile", "tracking_note",
            "uniform_level", "versus_table"]
 
-SITE, BASIS, UNIFORM = "attn", "heads", "uniform"
-MEASURES = ("first_mass", "delimiter_mass", "sink_heads", "null_mass")
-"""The probe's sink rows (study.sinks.METRICS), in panel order."""
+SITE, BASIS, UNIFORM = Site.ATTN, Basis.HEADS, Basis.UNIFORM
+MEASURES = (Sink.FIRST_MASS, Sink.DELIMITER_MASS, Sink.SINK_HEADS, Sink.NULL_MASS)
+"""The probe's sink rows (vocabulary.SINK_METRICS), in panel order."""
 METRICS = MEASURES
 """The metrics this section reads beside kurtosis (the report keeps only the metrics its sections read)."""
 
@@ -61,20 +62,20 @@ def profile(results: Results, confidence: float = 0.95) -> pl.DataFrame:
     return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
 
 
-def versus_table(results: Results, measure: str = "first_mass", confidence: float = 0.95) -> pl.DataFrame:
+def versus_table(results: Results, measure: str = Sink.FIRST_MASS, confidence: float = 0.95) -> pl.DataFrame:
     """Per config: kurtosis / null of the residual stream (stored basis, mean over blocks) as
     ``mean``, against ``measure`` (mean over blocks) as ``x`` (``selection.versus``)."""
     sink = queries.scale_table(results, measure, SITE, BASIS, confidence=confidence)
-    kurt = queries.scale_table(results, "kurtosis", "resid", "stored", confidence=confidence, over_null=True)
+    kurt = queries.scale_table(results, Metric.KURTOSIS, Site.RESID, Basis.STORED, confidence=confidence, over_null=True)
     return selection.versus(sink, kurt).collect()
 
 
 def tracking_note(results: Results) -> str:
     """Spearman's rank correlation across done trials (final step, mean over blocks) of the mass
     on position 0 and on delimiters with kurtosis / null of the residual stream."""
-    kurt = queries.per_trial(results, "kurtosis", "resid", "stored", over_null=True).select("trial_id", kurt="value")
+    kurt = queries.per_trial(results, Metric.KURTOSIS, Site.RESID, Basis.STORED, over_null=True).select("trial_id", kurt="value")
     parts, n = [], 0
-    for measure, words in (("first_mass", "the first position"), ("delimiter_mass", "delimiters")):
+    for measure, words in ((Sink.FIRST_MASS, "the first position"), (Sink.DELIMITER_MASS, "delimiters")):
         sink = queries.per_trial(results, measure, SITE, BASIS).select("trial_id", sink="value")
         both = sink.join(kurt, on="trial_id").drop_nulls().collect()
         if both.height >= 3:
@@ -99,7 +100,7 @@ def add(results: Results, done: pl.DataFrame, built: MutableMapping[str, tuple[A
     if table.height == 0:
         notes.append(NO_SINK_NOTE)
         return
-    uniform = uniform_level(results, "first_mass")
+    uniform = uniform_level(results, Sink.FIRST_MASS)
     built["sinks_by_layer"] = (
         sinks_by_layer(table, confidence=confidence),
         "Attention sinks by block at the final step, largest model, each config at its best lr: mass on the first "
@@ -107,7 +108,7 @@ def add(results: Results, done: pl.DataFrame, built: MutableMapping[str, tuple[A
         f"the mass on no key; seed means with {confidence:.0%} t-intervals. Dashed: uniform causal attention on the "
         "same tokens.",
     )
-    versus = versus_table(results, "first_mass", confidence)
+    versus = versus_table(results, Sink.FIRST_MASS, confidence)
     if versus.height:
         built["sinks_vs_kurtosis"] = (
             sinks_vs_outliers(versus, uniform=uniform, confidence=confidence),

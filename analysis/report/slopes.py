@@ -20,11 +20,13 @@ COUNT_FIT_NOTE = (
 
 
 def add(ctx: Context) -> None:
-    """The adjusted tables into ``ctx.content``, the slopes chart and the notes."""
+    """The adjusted tables (``ctx.retable``), the slopes chart and the notes."""
     c, o = ctx.content, ctx.options
     if c.comparisons.height or c.family_comparisons.height or c.family_levels.height:
-        c.comparisons, c.family_comparisons, c.family_levels, note = adjust_comparisons(
-            c.comparisons, c.family_comparisons, c.family_levels, o.primary, o.fit_specs)
+        *adjusted, note = adjust_comparisons(c.comparisons, c.family_comparisons, c.family_levels, o.primary,
+                                             o.fit_specs)
+        for name, frame in zip(("comparisons", "family_comparisons", "family_levels"), adjusted, strict=True):
+            ctx.retable(name, frame)
         ctx.note(note)
     if c.fits.height and c.fits.get_column("fit").str.starts_with("outlier fraction").any():
         ctx.note(COUNT_FIT_NOTE)
