@@ -419,10 +419,10 @@ class TrialConfig(_Frozen):
             "batch_size": self.train.batch_size,
         }
         # An axis column the lines above do not fill (an axis added later, sweep.axes) holds the
-        # field of its name in the model, data or train part, as an optimiser's hyper-parameter
-        # column holds its config's field of that name.
+        # field of its name (its label where it has one), its own or its model, data or train
+        # part's, as an optimiser's hyper-parameter column holds its config's field of that name.
         for column in schema_columns(Role.AXIS):
-            part = next((p for p in (self.model, self.data, self.train) if column in type(p).model_fields), None)
+            part = next((p for p in (self, self.model, self.data, self.train) if column in type(p).model_fields), None)
             if part is not None and column not in out:
                 out[column] = getattr(getattr(part, column), "label", getattr(part, column))
         return out
