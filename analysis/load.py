@@ -41,6 +41,7 @@ __all__ = [
     "SAE_SCHEMA",
     "SIZE_COLUMNS",
     "TABLES",
+    "axis_labels",
     "NoSweepError",
     "Results",
     "config_label",
@@ -77,16 +78,35 @@ LABEL_COLUMNS = label_columns()
 optimiser module imported before it)."""
 
 
+ADDED_LATER = {"attention": "softmax", "parametrization": "sp"}
+"""Axis columns added after stores were written, with the value every trial before them ran: what
+their rows read."""
+
+
 def attention_label() -> pl.Expr:
     """The stored ``attention`` (``softmax``, ``gated``, ``clipped(zeta=1.03,gamma=-0.01)``, ...);
     ``softmax`` for rows written before the attention axis existed, every one of which ran it."""
-    return pl.col("attention").fill_null("softmax").alias("attention")
+    return pl.col("attention").fill_null(ADDED_LATER["attention"]).alias("attention")
 
 
 def parametrization_label() -> pl.Expr:
     """The stored ``parametrization`` (``sp``, ``mup``); ``sp`` for rows written before that
     column existed, every one of which ran it."""
-    return pl.col("parametrization").fill_null("sp").alias("parametrization")
+    return pl.col("parametrization").fill_null(ADDED_LATER["parametrization"]).alias("parametrization")
+
+
+def axis_labels(names: Sequence[str]) -> list[pl.Expr]:
+    """Each axis column (``resultstore.schema`` role AXIS) among ``names`` as its label: read as
+    stored, a column added later filled with what earlier rows ran (``ADDED_LATER``), and
+    ``rotation_label`` derived where null (``rotation_label``)."""
+    have = set(names)
+    out = []
+    for column in runs_columns(Role.AXIS):
+        if column == "rotation_label" and {"rotation", "group_size", "rotation_label"} <= have:
+            out.append(rotation_label())
+        elif column in have and column in ADDED_LATER:
+            out.append(pl.col(column).fill_null(ADDED_LATER[column]).alias(column))
+    return out
 
 
 def rotation_label() -> pl.Expr:

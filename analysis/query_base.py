@@ -11,7 +11,7 @@ import polars as pl
 from analysis.power_law import t_critical
 from analysis.identity import ID_COLUMNS, with_ids
 from analysis.load import (
-    CONFIG_ID, SCHEMAS, SIZE_COLUMNS, TABLES, Results, attention_label, label_columns, parametrization_label, rotation_label,
+    CONFIG_ID, SCHEMAS, SIZE_COLUMNS, TABLES, Results, Role, axis_labels, label_columns, runs_columns,
 )
 
 __all__ = [
@@ -52,7 +52,9 @@ def carried(columns: Sequence[str] | pl.Schema, keys: Sequence[str] = ()) -> lis
     return [c for c in dict.fromkeys(every) if c in names and c not in keys]
 
 
-SORT = ("optimizer", "norm", "attention", "rotation_label", "params_non_embedding", "lr")
+SORT = (*runs_columns(Role.AXIS), "params_non_embedding", "lr")
+"""The order of config tables' rows: the axes (``resultstore.schema`` role AXIS, in column order:
+optimizer, norm, attention, rotation_label, parametrization), then size and lr."""
 
 
 def summarise(
@@ -152,20 +154,14 @@ def join_runs(frame: pl.LazyFrame, runs: pl.LazyFrame | None) -> pl.LazyFrame:
 
 
 def prepare_runs(runs: pl.LazyFrame | pl.DataFrame) -> pl.LazyFrame:
-    """Runs with their ids (``analysis.identity.with_ids``) and the stored rotation label and
-    attention (filled for rows written before they existed)."""
+    """Runs with their ids (``analysis.identity.with_ids``) and their axes' labels
+    (``analysis.load.axis_labels``: the rotation label, attention and parametrization filled for
+    rows written before they existed)."""
     runs = runs.lazy()
     names = runs.collect_schema().names()
     if "config_id" not in names and "config_json" not in names and "optimizer" not in names:
         return runs  # not a runs frame: nothing to identify
-    runs = with_ids(runs)
-    if {"rotation", "group_size", "rotation_label"} <= set(names):
-        runs = runs.with_columns(rotation_label())
-    if "attention" in names:
-        runs = runs.with_columns(attention_label())
-    if "parametrization" in names:
-        runs = runs.with_columns(parametrization_label())
-    return runs
+    return with_ids(runs).with_columns(axis_labels(names))
 
 
 def group_keys(frame: pl.LazyFrame, by: Sequence[str] | None) -> tuple[list[str], list[str]]:

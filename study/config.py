@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, SerializeAsAny, model_validator
 
 from resultstore.ids import canonical_json, digest, science_hash
+from resultstore.schema import Role, runs_columns as schema_columns
 from study.attention import AttentionConfig
 from study.frozen import INT64_MAX, FieldError, _Frozen, string_is, without_new_defaults  # noqa: F401  (re-exported)
 from study.optim.registry import OPTIMIZERS, OptimizerConfig, optimizer_family, optimizer_names, runs_columns
@@ -398,7 +399,7 @@ class TrialConfig(_Frozen):
     def flat(self) -> dict[str, Any]:
         """The grid axes as flat columns for the runs table."""
         o = self.optimizer
-        return {
+        out = {
             "config_id": self.config_id,
             "d_model": self.model.d_model, "n_layers": self.model.n_layers,
             "n_heads": self.model.n_heads, "d_mlp": self.model.d_mlp,
@@ -417,3 +418,11 @@ class TrialConfig(_Frozen):
             "seed": self.seed, "corpus": self.data.source, "seq_len": self.data.seq_len,
             "batch_size": self.train.batch_size,
         }
+        # An axis column the lines above do not fill (an axis added later, sweep.axes) holds the
+        # field of its name (its label where it has one), its own or its model, data or train
+        # part's, as an optimiser's hyper-parameter column holds its config's field of that name.
+        for column in schema_columns(Role.AXIS):
+            part = next((p for p in (self, self.model, self.data, self.train) if column in type(p).model_fields), None)
+            if part is not None and column not in out:
+                out[column] = getattr(getattr(part, column), "label", getattr(part, column))
+        return out

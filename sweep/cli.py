@@ -42,6 +42,7 @@ def plan(
 ) -> None:
     """List the grid: trial ids, shapes, parameters, tokens, FLOPs, estimated time, done or not."""
     from resultstore.schema import FINISHED
+    from sweep.axes import axis, point_axes, replicate
     from sweep.estimate import estimate, measured_flops_per_s
     from sweep.prepare.corpora import prepare_command
     from sweep.spec import unprepared
@@ -72,18 +73,16 @@ def plan(
     except ValueError as exc:
         raise bad_input(str(exc)) from None
     table = Table(title=f"{spec.name}: {len(trials)} trials", show_lines=False)
-    attention = any(t.attention.name != "softmax" for t in trials)  # a column only where it varies
-    for col in ("#", "trial", "model (d×L×h)", "optimizer", "lr", "norm", *(["attention"] * attention), "rotation",
-                "seed", "params", "tokens", "FLOPs", "est.", "status"):
-        table.add_column(col, justify="right" if col in ("#", "lr", "seed", "params", "tokens", "FLOPs", "est.") else "left")
-    for i, t in enumerate(trials):
-        if all_rows or i < 40:
-            m = t.model
-            table.add_row(str(i), t.trial_id, f"{m.d_model}×{m.n_layers}×{m.n_heads}", t.optimizer.name,
-                          f"{t.optimizer.lr:g}", t.norm, *([t.attention.label] * attention), t.rotation.label,
-                          str(t.seed), human(t.params), human(t.total_tokens),
-                          human(t.flops_per_token * t.total_tokens), duration(est.trial_s[i]),
-                          statuses.get(t.trial_id, "pending"))
+    seed, shown = replicate(), [a for a in point_axes() if a.key not in ("model", "optimizer") and (  # the other axes:
+        a.plan_always or any(a.value(t) != a.default[0] for t in trials))]  # always, or where one is off its default
+    for col in ("#", "trial", "model (d×L×h)", "optimizer", "lr", *(a.key for a in shown), seed.key, "params", "tokens",
+                "FLOPs", "est.", "status"):
+        table.add_column(col, justify="right" if col in ("#", "lr", seed.key, "params", "tokens", "FLOPs", "est.") else "left")
+    for i, t in enumerate(trials[:None if all_rows else 40]):
+        table.add_row(str(i), t.trial_id, axis("model").label(t.model), t.optimizer.name, f"{t.optimizer.lr:g}",
+                      *(a.label(a.value(t)) for a in shown), seed.label(seed.value(t)), human(t.params),
+                      human(t.total_tokens), human(t.flops_per_token * t.total_tokens), duration(est.trial_s[i]),
+                      statuses.get(t.trial_id, "pending"))
     out.print(table)
     if not all_rows and len(trials) > 40:
         out.print(f"... {len(trials) - 40} more (--all lists them)")

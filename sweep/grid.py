@@ -1,32 +1,37 @@
 """Trial construction: trial_config (one grid point, size rules resolved), expand(spec) -> [TrialConfig]
-(the cartesian product of the grid axes) and select. Pure; no Ray."""
+(the cartesian product of the grid axes, sweep.axes) and select. Pure; no Ray."""
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Mapping
+from typing import Any
 
-from study.config import (
-    AttentionConfig, FieldError, ModelConfig, OptimizerConfig, RotationConfig, RuntimeConfig, TrainConfig, TrialConfig,
-)
+from study.config import FieldError, RuntimeConfig, TrainConfig, TrialConfig
+from sweep.axes import AXES, point_axes, replicate
 from sweep.spec_schema import BatchScaling, LrScaling, OptimizerEntry, SweepSpec, TrainSpec
 from sweep.spec_yaml import SpecError
 
 __all__ = ["expand", "select", "trial_config"]
 
 
-def trial_config(spec: SweepSpec, model: ModelConfig, optimizer: OptimizerConfig, norm: str,
-                 rotation: RotationConfig, seed: int, attention: AttentionConfig = AttentionConfig()) -> TrialConfig:
-    """One grid point's TrialConfig, with the size rules (lr_scaling, batch_scaling,
-    warmup_tokens_per_param) resolved to plain numbers. A rule that gives no usable value raises
-    FieldError at its place (("optimizer", "lr_scaling") or ("train", ...))."""
+def trial_config(spec: SweepSpec, point: Mapping[str, Any]) -> TrialConfig:
+    """One grid point's TrialConfig ({axis key: value}, sweep.axes; an axis left out holds its
+    first default), with the size rules (lr_scaling, batch_scaling, warmup_tokens_per_param)
+    resolved to plain numbers. A rule that gives no usable value raises FieldError at its place
+    (("optimizer", "lr_scaling") or ("train", ...))."""
+    optimizer = point["optimizer"]
     lr_rule = optimizer.lr_scaling if isinstance(optimizer, OptimizerEntry) else None
-    if isinstance(optimizer, OptimizerEntry):
-        optimizer = optimizer.plain()
     train: TrainConfig = spec.train.plain() if isinstance(spec.train, TrainSpec) else spec.train
-    cfg = TrialConfig(model=model, norm=norm, attention=attention, rotation=rotation, optimizer=optimizer, data=spec.data,
-                      train=train, seed=seed, sweep=spec.name,
-                      runtime=RuntimeConfig(device=spec.device, compile=spec.compile))
+    parts: dict[str, Any] = {"data": spec.data, "train": train, "sweep": spec.name,
+                             "runtime": RuntimeConfig(device=spec.device, compile=spec.compile)}
+    for a in AXES:
+        value = point[a.key] if a.key in point else a.default[0]
+        if isinstance(value, OptimizerEntry):
+            value = value.plain()
+        _put(parts, a.path, value)
+    cfg = TrialConfig(**parts)
     batch_rule = getattr(spec.train, "batch_scaling", None)
     warmup_rule = getattr(spec.train, "warmup_tokens_per_param", None)
     if lr_rule or batch_rule or warmup_rule:
@@ -36,6 +41,22 @@ def trial_config(spec: SweepSpec, model: ModelConfig, optimizer: OptimizerConfig
     share = want["gpu"] if 0 < want["gpu"] < 1 else None
     runtime = cfg.runtime.model_copy(update={"num_threads": max(1, math.floor(want["cpu"])), "gpu_fraction": share})
     return cfg.model_copy(update={"runtime": runtime})
+
+
+def _put(parts: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    """parts[path[0]] = value, or a part (train, data, model) with its field at path[1:] set and
+    validated again."""
+    if len(path) == 1:
+        parts[path[0]] = value
+        return
+    part = parts[path[0]]
+    inner = part.model_dump(exclude_unset=True) if hasattr(part, "model_dump") else dict(part)
+    at = inner
+    for key in path[1:-1]:
+        at[key] = dict(at.get(key) or {})
+        at = at[key]
+    at[path[-1]] = value
+    parts[path[0]] = type(part).model_validate(inner) if hasattr(part, "model_validate") else inner
 
 
 def _sized(cfg: TrialConfig, lr_rule: LrScaling | None, batch_rule: BatchScaling | None,
@@ -63,23 +84,24 @@ def _sized(cfg: TrialConfig, lr_rule: LrScaling | None, batch_rule: BatchScaling
 
 
 def expand(spec: SweepSpec) -> list[TrialConfig]:
-    """Every grid point in a stable order (model, optimizer, norm, attention, rotation, seed). Two
-    axis entries that describe the same trial are an error, not a silent merge.
+    """Every grid point in a stable order (sweep.axes.AXES': model, optimizer, norm, attention,
+    rotation, seed). Two axis entries that describe the same trial are an error, not a silent merge.
 
     Each combination of the axes is validated once and copied per seed (seeds are distinct
     integers, checked with the grid), so a 10,000-trial plan validates its few hundred
     combinations, and ids are hashed when first asked for."""
-    g = spec.grid
+    g, axes, seed = spec.grid, point_axes(), replicate()
+    seeds = getattr(g, seed.key)
     trials: list[TrialConfig] = []
     seen: dict[str, int] = {}
-    axes = itertools.product(g.model, g.optimizer, g.norm, g.attention, g.rotation)
-    for i, (model, optimizer, norm, attention, rotation) in enumerate(axes):
-        first = trial_config(spec, model, optimizer, norm, rotation, g.seed[0], attention)
+    points = itertools.product(*(getattr(g, a.key) for a in axes))
+    for i, values in enumerate(points):
+        first = trial_config(spec, {**dict(zip((a.key for a in axes), values)), seed.key: seeds[0]})
         if first.config_id in seen:  # same config, so the same trial at every seed
-            raise SpecError(f"grid: points {seen[first.config_id] * len(g.seed)} and {i * len(g.seed)} are the same "
+            raise SpecError(f"grid: points {seen[first.config_id] * len(seeds)} and {i * len(seeds)} are the same "
                             f"trial ({first.trial_id}); remove the duplicate axis entry")
         seen[first.config_id] = i
-        trials += [first] + [first.model_copy(update={"seed": seed}) for seed in g.seed[1:]]
+        trials += [first] + [first.model_copy(update={seed.key: s}) for s in seeds[1:]]
     return trials
 
 

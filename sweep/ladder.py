@@ -12,8 +12,8 @@ seed diverged only when every lr had one). Then, per ladder:
 - ``seeds``: the best is strictly inside: the seeds still missing there, up to ``seeds`` in all.
 - ``complete``: strictly inside, and every wanted seed finished at the best.
 
-``next_specs`` writes those trials as specs (one per model shape, norm, attention and rotation,
-and per kind: edges at the spec's seeds, seeds at the best), with the spec's other sections as
+``next_specs`` writes those trials as specs (one per value of every axis but the optimizer and
+the seed, sweep.axes: model shape, norm, attention, rotation, ...; and per kind: edges at the spec's seeds, seeds at the best), with the spec's other sections as
 written and its name, so the new trials join the same store and every stored trial is reused.
 Each written spec is expanded again and must give exactly the trials decided here.
 """
@@ -33,6 +33,7 @@ from analysis.labels import labels_for
 from resultstore.ids import science_hash
 from resultstore.schema import FINISHED
 from study.config import TrialConfig
+from sweep.axes import Axis, grid_axes, point_axes
 
 __all__ = ["HEADER", "Ladder", "NextSpec", "next_specs", "plan_next", "seed_list"]
 
@@ -183,56 +184,62 @@ def _judge(t0: TrialConfig, label: str, losses: dict[float, float | None], row: 
                   best, tuple(_with_lr(t0, best, s) for s in missing))
 
 
-def _entry(config: Any, **first: Any) -> dict[str, Any]:
-    return {**first, **config.model_dump(mode="json", exclude_defaults=True, exclude=set(first))}
+def _per_file() -> tuple[Axis, ...]:
+    """The axes a written spec holds one value of (the model shape, norm, attention, rotation,
+    ...): every axis but the ladders' (optimizer) and the replicate (seed)."""
+    return tuple(a for a in point_axes() if not a.ladders)
 
 
-def _shape_tag(t: TrialConfig, varies: dict[str, bool]) -> str:
+def _shape_tag(t: TrialConfig, templates: Sequence[TrialConfig]) -> str:
+    """The file name's tag: d_model (and n_layers where the layers vary), then the label of each
+    other axis that varies among `templates`."""
     m = t.model
-    parts = [f"d{m.d_model}" + (f"_L{m.n_layers}" if varies["layers"] else "")]
-    parts += [t.norm] * varies["norm"] + [t.attention.label] * varies["attention"]
-    parts += [t.rotation.label.replace(" ", "")] * varies["rotation"]
+    parts = [f"d{m.d_model}" + (f"_L{m.n_layers}" if len({u.model.n_layers for u in templates}) > 1 else "")]
+    parts += [a.label(a.value(t)) for a in _per_file()
+              if a.key != "model" and len({a.label(a.value(u)) for u in templates}) > 1]
     return "_".join(p.replace("/", "-").replace(":", "-") for p in parts)
+
+
+def _written(t: TrialConfig, lads: Sequence[Ladder], seeds: list[int]) -> dict[str, Any]:
+    """The grid of a written spec, in the axes' order: the template's value of each per-file axis
+    (left out at its default unless the axis is always written), each ladder's optimizer entry
+    with its new lrs, the seeds."""
+    grid: dict[str, Any] = {}
+    for a in grid_axes():
+        if a.replicate:
+            grid[a.key] = seeds
+        elif a.ladders:
+            entries = []
+            for lad in lads:
+                written = a.write(a.value(lad.template))
+                lrs = sorted({n.optimizer.lr for n in lad.new})
+                entries.append({"name": written.pop("name"), "lr": lrs[0] if len(lrs) == 1 else lrs,
+                                **{k: v for k, v in written.items() if k != "lr"}})
+            grid[a.key] = entries
+        elif a.next_always or a.default is None or a.value(t) != a.default[0]:
+            grid[a.key] = [a.write(a.value(t))]
+    return grid
 
 
 def next_specs(raw: dict[str, Any], name: str, ladders: Sequence[Ladder], spec_seeds: Sequence[int],
                command: str) -> list[NextSpec]:
-    """The new trials of `ladders` as specs: one per model shape, norm, attention and rotation,
-    and per kind (edges: lrs beyond an edge; seeds: more seeds at an inside best). `raw`: the
-    spec's YAML mapping, whose other sections are copied; `command` goes in each header."""
+    """The new trials of `ladders` as specs: one per value of the axes but optimizer and seed
+    (model shape, norm, attention, rotation, ...), and per kind (edges: lrs beyond an edge;
+    seeds: more seeds at an inside best). `raw`: the spec's YAML mapping, whose other sections
+    are copied; `command` goes in each header."""
     from sweep.grid import expand
     from sweep.spec import parse_spec
 
     todo = [lad for lad in ladders if lad.new]
     templates = [lad.template for lad in todo]
-    varies = {"layers": len({t.model.n_layers for t in templates}) > 1,
-              "norm": len({t.norm for t in templates}) > 1,
-              "attention": len({t.attention.label for t in templates}) > 1,
-              "rotation": len({t.rotation.label for t in templates}) > 1}
     files: dict[tuple[str, str], list[Ladder]] = {}
     for lad in todo:
         kind = "edges" if lad.verdict == "extend" else "seeds"
-        files.setdefault((kind, _shape_tag(lad.template, varies)), []).append(lad)
+        files.setdefault((kind, _shape_tag(lad.template, templates)), []).append(lad)
     specs = []
     for (kind, tag), group in files.items():
-        t = group[0].template
         seeds = sorted({s.seed for lad in group for s in lad.new})
-        model = _entry(t.model)
-        if model.get("d_mlp") == 4 * t.model.d_model:
-            del model["d_mlp"]  # the default, written out by the validator
-        grid: dict[str, Any] = {"model": [model],
-                                "optimizer": [_entry(lad.template.optimizer, name=lad.template.optimizer.name,
-                                                     lr=sorted({n.optimizer.lr for n in lad.new}))
-                                              for lad in group],
-                                "norm": [t.norm]}
-        if t.attention.name != "softmax":
-            grid["attention"] = [_entry(t.attention, name=t.attention.name)]
-        if t.rotation.mode != "none":
-            grid["rotation"] = [_entry(t.rotation, mode=t.rotation.mode)]
-        grid["seed"] = seeds
-        for entry in grid["optimizer"]:
-            if len(entry["lr"]) == 1:
-                entry["lr"] = entry["lr"][0]
+        grid = _written(group[0].template, group, seeds)
         body = {"name": name, **{k: raw[k] for k in _SECTIONS[:2] if k in raw}, "grid": grid,
                 **{k: raw[k] for k in _SECTIONS[2:] if k in raw}}
         what = ("one more lr beyond the edge of each ladder whose best was there" if kind == "edges"

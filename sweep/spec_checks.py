@@ -13,6 +13,7 @@ from resultstore.inputs import file_kind
 from study.config import DataConfig, FieldError, TrialConfig
 from study.data import check_corpus, check_data
 from study.optim.registry import sharding_problem
+from sweep.axes import AXES, point_axes, replicate
 from sweep.grid import trial_config
 from sweep.spec_schema import SweepSpec
 from sweep.spec_yaml import ABSENT, Where, dig, error_message
@@ -58,13 +59,14 @@ def unprepared(spec: SweepSpec) -> bool:
 def point_problems(spec: SweepSpec, where: Where):
     """Every combination of the axes (seeds aside): rules across axes (group_size > n_layers,
     rotate: all with a big vocabulary), memory and time bounds; then repeated axis entries."""
-    g = spec.grid
-    axes = {"model": g.model, "optimizer": g.optimizer, "norm": g.norm, "attention": g.attention,
-            "rotation": g.rotation}
-    for (mi, m), (oi, o), (ni, n), (ai, a), (ri, r) in itertools.product(*(enumerate(v) for v in axes.values())):
-        index = {"model": mi, "optimizer": oi, "norm": ni, "attention": ai, "rotation": ri}
+    g, seed = spec.grid, replicate()
+    axes = {a.key: getattr(g, a.key) for a in point_axes()}
+    crossing = {a.path[0] for a in point_axes() if a.crosses_model}
+    for picks in itertools.product(*(enumerate(v) for v in axes.values())):
+        index = {key: i for key, (i, _) in zip(axes, picks)}
+        mi, oi = index["model"], index["optimizer"]
         try:
-            cfg = trial_config(spec, m, o, n, r, g.seed[0], a)
+            cfg = trial_config(spec, {**{key: v for key, (_, v) in zip(axes, picks)}, seed.key: getattr(g, seed.key)[0]})
         except FieldError as exc:  # a size rule (lr_scaling, batch_scaling) with no usable value here
             loc = ("grid", "optimizer", oi, *exc.loc[1:]) if exc.loc[0] == "optimizer" else exc.loc
             yield where.format(loc, f"{exc} (with grid.model[{mi}])")
@@ -72,9 +74,8 @@ def point_problems(spec: SweepSpec, where: Where):
         except ValidationError as exc:
             for err in exc.errors():
                 rel = tuple(getattr((err.get("ctx") or {}).get("error"), "loc", ()) or ())
-                loc = ("grid", rel[0], index[rel[0]], *rel[1:]) if rel and rel[0] in index else rel
-                msg = error_message(err) + (f" (with grid.model[{mi}])" if rel[:1] == ("rotation",) else "")
-                yield where.format(loc, msg, dig(err.get("input"), rel) if rel else ABSENT)
+                msg = error_message(err) + (f" (with grid.model[{mi}])" if rel[:1] and rel[0] in crossing else "")
+                yield where.format(_on_grid(rel, index), msg, dig(err.get("input"), rel) if rel else ABSENT)
             continue
         place, sharding = spec.resources.sharding_at(cfg.params)
         shards = int(spec.resources.for_params(cfg.params)["workers"]) if sharding == "fsdp" else 1
@@ -93,6 +94,15 @@ def point_problems(spec: SweepSpec, where: Where):
                                    + (f" (line {line})" if line else ""))
 
 
+def _on_grid(rel: tuple, index: dict[str, int]) -> tuple:
+    """A TrialConfig place (("rotation", "group_size")) as the grid entry that set it
+    (("grid", "rotation", 2, "group_size")); a place no axis sets as it is."""
+    for a in point_axes():
+        if rel[:len(a.path)] == a.path:
+            return ("grid", a.key, index[a.key], *rel[len(a.path):])
+    return rel
+
+
 def _largest_batch(spec: SweepSpec) -> int:
     """The largest batch a trial trains with: train.batch_size, or what batch_scaling gives at
     the grid's largest size (a rule that fails is reported by _check_points)."""
@@ -101,7 +111,8 @@ def _largest_batch(spec: SweepSpec) -> int:
         batches = []
         for m in g.model:
             try:
-                batches.append(trial_config(spec, m, g.optimizer[0], g.norm[0], g.rotation[0], g.seed[0]).train.batch_size)
+                point = {a.key: getattr(g, a.key)[0] for a in AXES}
+                batches.append(trial_config(spec, {**point, "model": m}).train.batch_size)
             except (FieldError, ValidationError):
                 continue
     return max(batches, default=spec.train.batch_size)

@@ -10,13 +10,11 @@ import re
 import typing
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, SerializeAsAny, field_validator, model_validator
+from pydantic import Field, SerializeAsAny, create_model, field_validator, model_validator
 
-from study.attention import AttentionConfig
-from study.config import (
-    DataConfig, FieldError, ModelConfig, NormName, OptimizerConfig, RotationConfig, TrainConfig, _Frozen,
-)
+from study.config import DataConfig, FieldError, OptimizerConfig, TrainConfig, _Frozen
 from study.optim.registry import OPTIMIZERS
+from sweep.axes import Axis, grid_axes, replicate
 from sweep.bounds import grid_points_problem, share_problem
 
 __all__ = [
@@ -69,12 +67,12 @@ def _ladders(entry: Any) -> dict[str, list]:
 def _points(data: dict) -> dict[str, int]:
     """{axis: its number of values} of a grid as written, ladders counted, not expanded."""
     lengths = {}
-    for axis in Grid.model_fields:
-        value = data.get(axis, [None])
-        if axis == "optimizer" and isinstance(value, list):
-            lengths[axis] = sum(math.prod(len(v) for v in _ladders(entry).values()) for entry in value)
+    for a in grid_axes():
+        value = data.get(a.key, [None])
+        if a.ladders and isinstance(value, list):
+            lengths[a.key] = sum(math.prod(len(v) for v in _ladders(entry).values()) for entry in value)
         else:
-            lengths[axis] = len(value) if isinstance(value, list) else 1
+            lengths[a.key] = len(value) if isinstance(value, list) else 1
     return lengths
 
 
@@ -175,27 +173,15 @@ def _entry_class(config: type[OptimizerConfig]) -> type[OptimizerEntry]:
     return type(f"{config.__name__}Entry", (config, OptimizerEntry), {"__module__": __name__, "__doc__": config.__doc__})
 
 
-class Grid(_Spec):
-    """Axes of the cartesian product; each is a list. At most sweep.bounds.MAX_GRID_POINTS
-    (100,000) points in all, ladders expanded: the product of the axes' lengths is checked before
-    any point is built."""
+def _item(a: Axis) -> Any:
+    """One value's type on the grid: an optimiser's config is written as an entry (its lr rule)."""
+    return SerializeAsAny[OptimizerEntry] if a.type is OptimizerConfig else a.type
 
-    model: list[ModelConfig] = Field(min_length=1)
-    """Model shapes: {depth: n} or {d_model, n_layers, n_heads, d_mlp}."""
-    optimizer: list[SerializeAsAny[OptimizerEntry]] = Field(min_length=1)
-    """Optimisers with their hyper-parameters. Any field may be a list, a ladder: `{name: sgd,
-    lr: [0.1, 0.3, 1.0]}` is three grid points; for betas, a list of pairs. Several ladders in
-    one entry give their cartesian product. `lr_scaling` moves the lr with model size
-    (LrScaling). Holds the expanded entries once validated."""
-    norm: list[NormName] = Field(default=["layernorm"], min_length=1)
-    """Norm types."""
-    attention: list[AttentionConfig] = Field(default=[AttentionConfig()], min_length=1)
-    """Attention variants: softmax, softmax1, kv_bias, gated, {name: clipped, zeta, gamma}
-    (study/attention.py); softmax where absent, so earlier specs expand as before."""
-    rotation: list[RotationConfig] = Field(default=[RotationConfig()], min_length=1)
-    """Rotation plans: none, shared, independent, {mode: partial, group_size: k}, {mode: groups, ...}."""
-    seed: list[int] = Field(default=[0], min_length=1)
-    """Seeds: replicates of every other point."""
+
+class _GridChecks(_Spec):
+    """Axes of the cartesian product (sweep.axes.AXES); each is a list. At most
+    sweep.bounds.MAX_GRID_POINTS (100,000) points in all, ladders expanded: the product of the
+    axes' lengths is checked before any point is built."""
 
     @model_validator(mode="before")
     @classmethod
@@ -204,17 +190,26 @@ class Grid(_Spec):
             problem = grid_points_problem(_points(data))
             if problem:
                 raise ValueError(problem)
-        if isinstance(data, dict) and "optimizer" in data:
-            data = {**data, "optimizer": expand_ladders(data["optimizer"])[0]}
+            for a in grid_axes():
+                if a.ladders and a.key in data:
+                    data = {**data, a.key: expand_ladders(data[a.key])[0]}
         return data
 
     @model_validator(mode="after")
-    def _seeds(self) -> Grid:
-        if any(s < 0 for s in self.seed):
-            raise FieldError("seed", "seeds must be >= 0")
-        if len(set(self.seed)) != len(self.seed):
-            raise FieldError("seed", "seeds must be distinct")
+    def _seeds(self) -> Any:
+        seeds = getattr(self, replicate().key)
+        if any(s < 0 for s in seeds):
+            raise FieldError(replicate().key, "seeds must be >= 0")
+        if len(set(seeds)) != len(seeds):
+            raise FieldError(replicate().key, "seeds must be distinct")
         return self
+
+
+Grid = create_model(
+    "Grid", __base__=_GridChecks, __module__=__name__, __doc__=_GridChecks.__doc__,
+    **{a.key: (list[_item(a)], Field(**({} if a.default is None else {"default": a.defaults()}), min_length=1,
+                                     description=a.doc)) for a in grid_axes()})
+"""The spec's `grid:`: a list per axis of sweep.axes.AXES, in its order."""
 
 
 def _share(value: float, field: str) -> float:

@@ -30,7 +30,8 @@ def test_each_seed_equals_its_point_validated_from_scratch():
     # expand validates a combination once and copies it per seed: the copies must be the trials
     spec = parse_spec({**SPEC, "grid": {**SPEC["grid"], "seed": [0, 3, 7]}})
     for t in expand(spec):
-        fresh = trial_config(spec, t.model, t.optimizer, t.norm, t.rotation, t.seed)
+        fresh = trial_config(spec, {"model": t.model, "optimizer": t.optimizer, "norm": t.norm, "attention": t.attention,
+                                     "rotation": t.rotation, "seed": t.seed})
         assert t == fresh and t.runtime == fresh.runtime
         assert (t.trial_id, t.config_id, t.science_json()) == (fresh.trial_id, fresh.config_id, fresh.science_json())
 

@@ -99,23 +99,16 @@ def pick_size(df: pl.DataFrame, size: SizeChoice) -> tuple[pl.DataFrame, str | N
 def decorate(df: pl.DataFrame, facet: str | None) -> pl.DataFrame:
     """Add label columns: ``variant`` (the config axes that vary within an optimiser and
     are neither colour nor facet: norm, rotation, lr, any other hyper-parameter), ``facet``.
-    The rotation reads the stored ``rotation_label``, the attention ``softmax`` where null."""
-    if "attention" in df.columns:
-        from analysis.load import attention_label
+    The axes read their labels (``analysis.load.axis_labels``: the stored ``rotation_label``,
+    the attention ``softmax`` where null, ...)."""
+    from analysis.load import axis_labels
 
-        df = df.with_columns(attention_label())
-    if "parametrization" in df.columns:
-        from analysis.load import parametrization_label
-
-        df = df.with_columns(parametrization_label())
-    if "rotation" in df.columns:
-        from analysis.load import rotation_label
-
+    if "rotation" in df.columns:  # a frame of configs: its rotation label derived where missing
         if "rotation_label" not in df.columns:
             df = df.with_columns(rotation_label=pl.lit(None, pl.String))
         if "group_size" not in df.columns:
             df = df.with_columns(group_size=pl.lit(None, pl.Int64))
-        df = df.with_columns(rotation_label())
+    df = df.with_columns(axis_labels(df.columns))
     candidates = [c for c in variant_axes() if c != facet_column(facet)]
     # within one optimiser, panel and model size: a best-lr view whose lr changes from size
     # to size draws one line, not one per lr

@@ -10,6 +10,7 @@ import polars as pl
 
 from analysis import charts, queries
 from analysis.charts.ladders import lr_ladders
+from analysis.load import Role, runs_columns
 from analysis.lr_fit import fit_lr_scaling, lr_fit_curves
 from analysis.report.section import Context, Section
 
@@ -43,15 +44,16 @@ def add(ctx: Context) -> None:
 
 
 def _diverged(runs: pl.DataFrame) -> pl.DataFrame:
-    """Configs whose every seed diverged, with their ladder, lr, optimiser and size."""
+    """Configs whose every seed diverged, with their ladder, lr, size and axes."""
     from analysis.query_base import prepare_runs
 
     if "status" not in runs.columns:
         return pl.DataFrame()
     runs = prepare_runs(runs).collect()
     gone = runs.group_by("config_id").agg(all_diverged=(pl.col("status") == "diverged").all())
-    keep = [c for c in ("config_id", "tuning_id", "lr", "optimizer", "params_non_embedding", "params", "d_model",
-                        "norm", "rotation", "rotation_label", "group_size", "attention") if c in runs.columns]
+    every = ("config_id", "tuning_id", "lr", "params_non_embedding", "params", "d_model",
+             *runs_columns(Role.AXIS, Role.LABEL))  # the axes and what describes them (resultstore.schema roles)
+    keep = [c for c in every if c in runs.columns]
     return (runs.join(gone.filter("all_diverged"), on="config_id", how="semi").select(keep)
             .unique("config_id", keep="first"))
 
