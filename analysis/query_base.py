@@ -13,6 +13,7 @@ from analysis.identity import ID_COLUMNS, with_ids
 from analysis.load import (
     CONFIG_ID, SCHEMAS, SIZE_COLUMNS, TABLES, Results, Role, axis_labels, label_columns, runs_columns,
 )
+from resultstore.vocabulary import Basis, Site
 
 __all__ = [
     "CONTROL", "SORT", "LayerAgg", "Layers", "QueryError", "Source", "at_step", "carried", "config_keys",
@@ -27,7 +28,7 @@ Layers = Literal["blocks", "all"] | Sequence[int]
 TABLE_COLUMNS = {t: set(SCHEMAS[t]) for t in TABLES}
 
 
-CONTROL = ("resid", "random")
+CONTROL = (Site.RESID, Basis.RANDOM)
 """The measured no-privilege control: the residual stream in random bases (one basis in older
 stores, the mean over >= 32 Haar bases in newer ones), whose expectation is the exact null
 3(d-1)/(d+1) (``analysis.null``; below 3 at small width d). ``control=CONTROL`` measures a

@@ -12,6 +12,7 @@ import polars as pl
 
 from analysis.charts.style import MAX_DASHED, MAX_EVALS, ROTATION_ORDER, SizeChoice, format_count
 from resultstore.schema import RUNS_SCHEMA, Role, runs_columns
+from resultstore.vocabulary import Metric
 
 __all__ = [
     "as_frame", "decorate", "dodge", "panels_for_variants", "pick_size", "rotation_sort", "size_column",
@@ -251,7 +252,7 @@ CHART_COLUMNS = (
 def with_null(df: pl.DataFrame, metric: str) -> pl.DataFrame:
     """For kurtosis, a ``null_ref`` column: the exact null 3(d-1)/(d+1) at each row's
     d_model (``analysis.null``), which the charts draw instead of a line at 3."""
-    if metric != "kurtosis" or "d_model" not in df.columns or df.get_column("d_model").null_count() == df.height:
+    if metric != Metric.KURTOSIS or "d_model" not in df.columns or df.get_column("d_model").null_count() == df.height:
         return df
     from analysis.null import null_expr
 

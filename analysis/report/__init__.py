@@ -124,8 +124,6 @@ def write_report(
     for t in c.tables.values():  # every table a section added (ctx.table), as <name>.csv
         if t.frame.height or t.keep_empty:
             rep.files.append(writer.write(f"{t.name}.csv", t.frame.write_csv().encode()))
-    if c.lr_fit.height and "lr_fit" not in c.tables:  # report/lr.py sets the field (not yet ctx.table)
-        rep.files.append(writer.write("lr_fit.csv", c.lr_fit.write_csv().encode()))
     if c.privilege.height:  # issue 32: the per-trial test
         rep.files.append(writer.write("privilege.md", privilege.markdown(c.privilege, c.x).encode()))
     if len(c.sizes) >= 2 and c.n_done:

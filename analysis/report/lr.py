@@ -18,7 +18,7 @@ __all__ = ["SECTION"]
 
 
 def add(ctx: Context) -> None:
-    """The lr ladders' chart; the fitted lr*(N) into ``ctx.content.lr_fit``, and its chart."""
+    """The lr ladders' chart; the fitted lr*(N) (the lr_fit table), and its chart."""
     if not ctx.tuned:
         return
     best = ctx.content.best_lr
@@ -30,9 +30,10 @@ def add(ctx: Context) -> None:
               "bests at an edge (extend the ladder: `sweep next`), crosses lrs where every seed diverged.")
     # against non-embedding parameters whatever the charts' x: the N of a spec's lr_scaling
     lr_x = "params_non_embedding" if "params_non_embedding" in best.columns else ctx.x
-    lr_fit = ctx.content.lr_fit = fit_lr_scaling(best, lr_x, confidence=ctx.confidence)
+    lr_fit = fit_lr_scaling(best, lr_x, confidence=ctx.confidence)
     if not lr_fit.height:
         return
+    ctx.table("lr_fit", lr_fit)
     ctx.say("fitting the best lr against size")
     ctx.chart(
         "lr_vs_params",

@@ -72,8 +72,6 @@ class ReportContent:
     skipped: pl.DataFrame = field(default_factory=pl.DataFrame)
     best_lr: pl.DataFrame = field(default_factory=pl.DataFrame)
     """The best-lr selection every section reads (the best_lr table is its CSV columns)."""
-    lr_fit: pl.DataFrame = field(default_factory=pl.DataFrame)
-    """Set by report/lr.py; written as lr_fit.csv unless a section added an lr_fit table."""
     check_summary: pl.DataFrame = field(default_factory=pl.DataFrame)
     """The invariance checks: shown in index.html, no CSV."""
     notes: list[str] = field(default_factory=list)
@@ -88,6 +86,7 @@ class ReportContent:
     optimum_slopes = _table("optimum_slopes")
     optimum_families = _table("optimum_families")
     twins = _table("twins")
+    lr_fit = _table("lr_fit")
     onsets = _table("onset", lambda: None)
 
     @property
