@@ -54,7 +54,7 @@ def keep(
     try:
         target.check_writable()
         with target.writing("sweep keep", repair=False):
-            kept = keeping.keep(store, target, trials, shown_source=folder, git=_git_sha())
+            kept = keeping.keep(store, target, trials, shown_source=source, git=_git_sha())
     except (LockHeld, StorageError) as exc:
         raise bad_input(str(exc).splitlines()[0]) from None
     note = f"; {len(kept.already)} already there" if kept.already else ""
