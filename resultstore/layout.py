@@ -13,6 +13,12 @@
     <root>/<sweep>/run.lock                                   the one writer (resultstore.lock)
     <root>/<sweep>/quarantine/<table>/<file>                  damaged files, moved aside
 
+A kept store (`sweep keep`, resultstore.keep) holds each table's rows in one file instead, and a
+manifest of them:
+
+    <root>/<sweep>/<table>/kept.parquet    every kept trial's rows, its files' rows one after another
+    <root>/<sweep>/kept.json               trial ids, rows and sha256 of each kept.parquet, provenance
+
 The one listing rule (`table_files`), for the writer and the reader alike: a table's rows are
 every ``*.parquet`` file under its folder, sub-folders included, except those with a path part
 starting with ``.`` or ``_``. The writer writes each file flat in its table's folder under a
@@ -32,7 +38,10 @@ from resultstore.uri import StorageError, first_line
 __all__ = [
     "CHECKPOINT",
     "FINAL_WEIGHTS",
+    "KEPT",
+    "KEPT_FILES",
     "LOCK_FILE",
+    "MANIFEST",
     "PART",
     "STORE_FOLDERS",
     "DamagedFile",
@@ -42,6 +51,9 @@ __all__ = [
     "page_error",
     "in_parts",
     "is_sweep_folder",
+    "kept_files",
+    "kept_sha_error",
+    "read_manifest",
     "table_files",
     "trial_file",
     "trial_of",
@@ -50,6 +62,12 @@ __all__ = [
 CHECKPOINT = "checkpoint.pt"
 FINAL_WEIGHTS = "final.pt"
 LOCK_FILE = "run.lock"
+KEPT = "kept.parquet"
+"""A kept store's one file of a table (`sweep keep`)."""
+KEPT_FILES = b"sweep.kept_files"
+"""A kept.parquet's Parquet metadata key: JSON [[writer's file name, rows], ...] in row order."""
+MANIFEST = "kept.json"
+"""A kept store's manifest, in its sweep folder."""
 PART = re.compile(r"^(?P<trial>.+)\.(?P<first>\d+)-(?P<last>\d+)\.parquet$")
 """A flushed part's name: <trial_id>.<first step>-<last step>.parquet."""
 STORE_FOLDERS = (*TABLES, "quarantine", "trials", "ray")
@@ -180,3 +198,56 @@ def find_sweep(fs: Any, root: str, display: str, *, started: bool = False) -> st
             f"e.g. {display.rstrip('/')}/{sweeps[0].rsplit('/', 1)[-1]}"
         )
     raise NoSweepError(f"{display}: no sweep found ({expected})")
+
+
+def kept_files(fs: Any, path: str) -> list[tuple[str, Any]]:
+    """The writer's files a kept.parquet at ``path`` holds: (file name, its rows as a pyarrow
+    Table), in the order kept; every row is in exactly one. Raises ValueError when the file does
+    not say (not written by `sweep keep`) or its rows do not add up."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    with fs.open_input_file(path) as f:
+        table = pq.read_table(f)
+    listed = json.loads((table.schema.metadata or {}).get(KEPT_FILES, b"null"))
+    if not isinstance(listed, list) or sum(int(n) for _, n in listed) != table.num_rows:
+        raise ValueError(f"{path}: its metadata does not list the files of its {table.num_rows} rows "
+                         "(a kept.parquet is written by `sweep keep`)")
+    meta = {k: v for k, v in (table.schema.metadata or {}).items() if k != KEPT_FILES}
+    table = table.replace_schema_metadata(meta or None)
+    out, start = [], 0
+    for name, rows in listed:
+        out.append((str(name), table.slice(start, int(rows))))
+        start += int(rows)
+    return out
+
+
+def read_manifest(fs: Any, sweep: str) -> dict | None:
+    """The kept store's manifest (kept.json in the sweep folder), or None when it has none."""
+    import json
+
+    import pyarrow.fs as pafs
+
+    path = f"{sweep}/{MANIFEST}"
+    if fs.get_file_info(path).type != pafs.FileType.File:
+        return None
+    with fs.open_input_stream(path) as f:
+        return json.loads(f.read())
+
+
+def kept_sha_error(fs: Any, sweep: str, table: str, manifest: dict | None) -> str | None:
+    """Why the kept.parquet of ``table`` differs from what the manifest recorded (its sha256),
+    or None when it is the file kept (or the manifest does not list it)."""
+    import hashlib
+
+    want = ((manifest or {}).get("tables") or {}).get(table, {}).get("sha256")
+    if want is None:
+        return None
+    digest = hashlib.sha256()
+    with fs.open_input_stream(f"{sweep}/{table}/{KEPT}") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    if digest.hexdigest() != want:
+        return f"sha256 {digest.hexdigest()[:16]}..., not {want[:16]}... as {MANIFEST} records"
+    return None

@@ -19,7 +19,7 @@ from typing import Any
 
 from resultstore import uri
 from resultstore.inputs import file_kind
-from resultstore.layout import LOCK_FILE, STORE_FOLDERS, is_sweep_folder
+from resultstore.layout import LOCK_FILE, MANIFEST, STORE_FOLDERS, is_sweep_folder
 
 __all__ = ["local_write_problem", "output_problem", "resolved", "writes_into_a_sweep"]
 
@@ -75,7 +75,7 @@ def writes_into_a_sweep(target: Any, *, whole_folder: bool = False) -> str | Non
     parts = path.rstrip("/").split("/")
     for i in range(len(parts) - 1, 0, -1):
         folder, sub = "/".join(parts[:i]), parts[i]
-        if (sub in STORE_FOLDERS or sub == LOCK_FILE) and folder and is_sweep_folder(fs, folder):
+        if (sub in STORE_FOLDERS or sub in (LOCK_FILE, MANIFEST)) and folder and is_sweep_folder(fs, folder):
             return f"it is inside {folder}/{sub}/, a sweep's own folder that only `sweep run` writes{shown}"
     if whole_folder:
         here = path.rstrip("/") or "/"

@@ -17,7 +17,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from resultstore.keys import KEYS, Duplicate, duplicates as find_duplicates, intruders
-from resultstore.layout import CHECKPOINT, FINAL_WEIGHTS, page_error, trial_of
+from resultstore.layout import CHECKPOINT, FINAL_WEIGHTS, KEPT, kept_sha_error, page_error, read_manifest, trial_of
 from resultstore.schema import ARROW, TABLES
 from resultstore.uri import first_line
 
@@ -30,8 +30,13 @@ LoadCheck = Callable[[bytes, str], "str | None"]
 
 def damaged(store, *, pages: bool = False) -> list[tuple[str, str, str]]:
     """(table, file name, reason) for every file whose footer or schema is unreadable or does not
-    match the contract; with `pages`, also every file with a data page that cannot be read."""
+    match the contract; with `pages`, also every file with a data page that cannot be read, and
+    every kept.parquet whose sha256 is not the one its store's manifest records."""
     bad = []
+    try:
+        manifest = read_manifest(store.fs, store.path) if pages else None
+    except (OSError, ValueError):
+        manifest = None  # sweep.store_health names an unreadable manifest
     for table in TABLES:
         want = ARROW[table]
         for name in store._list(table):
@@ -40,7 +45,7 @@ def damaged(store, *, pages: bool = False) -> list[tuple[str, str, str]]:
                 with store.fs.open_input_file(path) as f:
                     footer = pq.ParquetFile(f)
                     schema = footer.schema_arrow
-                if table == "runs" and footer.metadata.num_rows != 1:  # e.g. a copy of the table put there
+                if table == "runs" and name != KEPT and footer.metadata.num_rows != 1:  # e.g. a copy of the table put there
                     raise ValueError(f"holds {footer.metadata.num_rows} rows; a runs file holds its trial's one "
                                      "row, written by `sweep run`")
                 # a file of another table (a sweep nested in this one's metrics/) lacks its keys
@@ -54,6 +59,9 @@ def damaged(store, *, pages: bool = False) -> list[tuple[str, str, str]]:
                 why = page_error(store.fs, path) if pages else None
                 if why is not None:
                     raise ValueError(f"data page: {why}")
+                why = kept_sha_error(store.fs, store.path, table, manifest) if pages and name == KEPT else None
+                if why is not None:
+                    raise ValueError(why)
             except (OSError, ValueError, pa.ArrowException) as exc:
                 bad.append((table, name, first_line(exc)))
     return bad

@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 from resultstore import repair as repair_, uri
 from resultstore.ids import canonical_json
 from resultstore.layout import (
-    CHECKPOINT, FINAL_WEIGHTS, PART, DamagedFile, in_parts, table_files, trial_file, trial_of,
+    CHECKPOINT, FINAL_WEIGHTS, KEPT, PART, DamagedFile, in_parts, kept_files, table_files, trial_file, trial_of,
 )
 from resultstore.lock import HOLDING_ENV, SweepLock
 from resultstore.paths import local_write_problem
@@ -165,7 +165,11 @@ class ResultsStore:
             if table == "runs":
                 continue
             for name in source._list(table):
-                if "/" not in name and trial_of(name) in ids:  # the writer writes flat
+                if name == KEPT:  # a kept store's one file (`sweep keep`): each trial's files split out of it
+                    for part, rows in kept_files(source.fs, f"{source.path}/{table}/{name}"):
+                        if trial_of(part) in ids:
+                            self._write_atomic(f"{table}/{part}", rows)
+                elif "/" not in name and trial_of(name) in ids:  # the writer writes flat
                     self._write_bytes(f"{table}/{name}", source._read_bytes(f"{table}/{name}"))
         weights = source.has_final_weights() & ids
         for trial_id in sorted(weights):

@@ -493,7 +493,7 @@ from sweep.cli_next import next_ladders  # noqa: E402
 app.command("next")(next_ladders)
 app.add_typer(data_app, name="data")
 app.add_typer(probe_app, name="probe")
-
+app.command("keep")(__import__("sweep.cli_keep", fromlist=["keep"]).keep)  # `sweep keep`, in its own module
 
 if __name__ == "__main__":
     app()

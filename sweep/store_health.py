@@ -70,11 +70,13 @@ def check(store, *, rows: bool = True, pages: bool | None = None, weights: bool 
     st = store.status(pages=pages)
     trials = {trial_of(name): "damaged" for _, name, _ in st.damaged}
     problems = [f"{store.uri}/{table}/{name}: damaged Parquet file ({why})" for table, name, why in st.damaged]
+    manifest = _manifest_problem(store) if pages else []
+    problems += manifest
     gaps: dict[str, list[str]] = {}
     for rel, why in repair.weights(store, load_error) if weights else []:
         trials[rel.split("/")[1]] = "damaged"
         problems.append(f"{store.uri}/{rel}: cannot be loaded ({why})")
-    if st.damaged:  # a damaged file would be named twice
+    if st.damaged or manifest:  # a damaged file would be named twice
         return Health(st, trials, problems, gaps, damage=len(problems))
     dups = repair.duplicates(store) if pages else []
     for dup in dups:
@@ -88,6 +90,20 @@ def check(store, *, rows: bool = True, pages: bool | None = None, weights: bool 
         trials.update({t: "incomplete" for t in gaps})
         problems += [f"trial {t}: incomplete ({'; '.join(why)})" for t, why in gaps.items()]
     return Health(st, trials, problems, gaps, damage=len(problems) - len(gaps))
+
+
+def _manifest_problem(store) -> list[str]:
+    """A kept store's manifest that cannot be read (its files' sha256 are checked with them)."""
+    from resultstore.layout import MANIFEST, read_manifest
+    from resultstore.uri import first_line
+
+    try:
+        found = read_manifest(store.fs, store.path)
+    except (OSError, ValueError) as exc:
+        return [f"{store.uri}/{MANIFEST}: unreadable ({first_line(exc)}); `git checkout` it, or keep the store again"]
+    if found is not None and not isinstance(found.get("tables"), dict):
+        return [f"{store.uri}/{MANIFEST}: no \"tables\" object (a kept store's manifest is written by `sweep keep`)"]
+    return []
 
 
 def load_error(data: bytes, trial_id: str) -> str | None:

@@ -1,5 +1,4 @@
-"""tools/: the operational scripts, run for real (keep_store.py on a kept store, ladders.sh through
-`sweep run`, gpu_run.sh's CPU plumbing check), and docs/ holding documents: no tooling there, and
+"""tools/: the operational scripts, run for real (ladders.sh through `sweep run` and `sweep keep`, gpu_run.sh's CPU plumbing check), and docs/ holding documents: no tooling there, and
 every tools/ or docs/scripts/ path the documents name exists (issue 47 item 5)."""
 
 from __future__ import annotations
@@ -75,7 +74,7 @@ def thin_caller_problems(path: Path) -> list[str]:
 
 def test_docs_hold_no_tooling() -> None:
     files = [p for p in sorted((REPO / "docs").rglob("*")) if p.is_file() and "__pycache__" not in p.parts]
-    assert len(files) > 100, "docs/ holds the documents and the kept stores"
+    assert len(files) > 40, "docs/ holds the documents and the kept stores (one file per table each, kept compact)"
     bad = []
     for path in files:
         name = str(path.relative_to(REPO))
@@ -115,7 +114,7 @@ def named_paths() -> dict[str, list[str]]:
 
 def test_every_named_tool_path_exists() -> None:
     named = named_paths()
-    assert "tools/keep_store.py" in named and "tools/summaries/families_summary.py" in named  # the regex reads them
+    assert "tools/ladders.sh" in named and "tools/summaries/families_summary.py" in named  # the regex reads them
     missing = {p: where for p, where in named.items() if not (REPO / p).exists()}
     assert not missing, f"named but not in the repository: {missing}"
 
@@ -125,77 +124,6 @@ def test_tools_readme_names_every_tool() -> None:
     tools = [p for p in (REPO / "tools").rglob("*") if p.is_file() and p.name != "README.md" and "__pycache__" not in p.parts]
     unnamed = [str(p.relative_to(REPO / "tools")) for p in tools if p.name not in readme]
     assert tools and not unnamed, f"tools/README.md does not say what these are: {unnamed}"
-
-
-# ---- keep_store.py ----------------------------------------------------------------------------
-
-KEPT = REPO / "docs/stores/gpucheck"  # a real kept store: 27 trials, 3.4 MB
-
-
-def keep(*args: str | Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, str(REPO / "tools/keep_store.py"), *map(str, args)],
-                          capture_output=True, text=True, timeout=300, env=env)
-
-
-def row_files(store: Path) -> dict[str, bytes]:
-    """The store's row files of every table but runs (whose rows are rewritten to name the sweep),
-    and its trials' final weights."""
-    from resultstore.schema import TABLES
-
-    tables = set(TABLES) - {"runs"}
-    return {str(p.relative_to(store)): p.read_bytes() for p in sorted(store.rglob("*")) if p.is_file()
-            and (p.parent.name in tables and p.parent.parent == store or p.name == "final.pt")}
-
-
-def test_keep_store_copies_a_real_store_byte_for_byte_only_what_it_lacks(tmp_path: Path) -> None:
-    from resultstore.writer import ResultsStore
-    from sweep.grid import expand
-    from sweep.spec import load_spec
-
-    source = tmp_path / "src" / "gpucheck"
-    shutil.copytree(KEPT, source)
-    dest = tmp_path / "kept" / "gpucheck"
-    spec = REPO / "tools/gpu_specs/gpucheck.yaml"
-    done = set(ResultsStore.at(source).completed_ids())
-    in_spec = done & {t.trial_id for t in expand(load_spec(spec))}
-    assert len(done) == 27 and 0 < len(in_spec) < len(done)
-
-    first = keep(source, dest, spec)  # only the spec's trials
-    assert first.returncode == 0, first.stderr
-    assert set(ResultsStore.at(dest).completed_ids()) == in_spec
-    assert f"{len(in_spec)} trial(s) copied" in first.stdout
-
-    rest = keep(source, dest)
-    assert rest.returncode == 0, rest.stderr
-    assert f"{len(done) - len(in_spec)} trial(s) copied" in rest.stdout and f"{len(done)} kept there in all" in rest.stdout
-    assert row_files(dest) == row_files(source)  # every row file, byte for byte
-    for table in ("runs", "metrics", "curves", "checks"):
-        a, b = (pl.read_parquet(f"{s}/{table}/*.parquet") for s in (source, dest))
-        assert a.height == b.height > 0, table
-        # the runs row is rewritten in today's schema: columns added since (parametrization, ...) are
-        # null there, every other value as the source holds it
-        assert all(b.get_column(c).is_null().all() for c in set(b.columns) - set(a.columns)), table
-        b = b.select(a.columns)
-        assert a.sort(a.columns[:3]).equals(b.sort(b.columns[:3])), table
-
-    again = keep(source, dest)
-    assert again.returncode == 0 and "0 trial(s) copied" in again.stdout
-
-
-def test_keep_store_refuses_bad_input_writing_nothing(tmp_path: Path) -> None:
-    source = tmp_path / "src" / "gpucheck"
-    shutil.copytree(KEPT, source)
-    cases = [
-        ((), "Keep a sweep's finished trials"),  # no arguments: the usage
-        ((tmp_path / "nothing" / "gpucheck", tmp_path / "k" / "gpucheck"), "no sweep there"),
-        ((source, tmp_path / "k" / "other"), "name the destination after the sweep (gpucheck)"),
-        ((source, tmp_path / "k" / "families", REPO / "tools/gpu_specs/gpucheck.yaml"), "its sweep is gpucheck"),
-    ]
-    for args, message in cases:
-        out = keep(*args)
-        assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, (args, out.stderr)
-    assert not (tmp_path / "k").exists()
 
 
 # ---- ladders.sh -------------------------------------------------------------------------------
@@ -239,7 +167,8 @@ def test_ladders_refuses_before_anything_runs(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_ladders_runs_each_ladder_to_the_end_keeping_every_trial(tmp_path: Path) -> None:
-    """Two or more `sweep run`s (Ray), each followed by keep_store.py: 2-4 minutes on 2 loaded cores."""
+    """Two or more `sweep run`s (Ray), each followed by `sweep keep`: 2-4 minutes on 2 loaded cores."""
+    from resultstore.reader import load
     from resultstore.writer import ResultsStore
     from sweep.grid import expand
     from sweep.ladder import plan_next
@@ -253,8 +182,12 @@ def test_ladders_runs_each_ladder_to_the_end_keeping_every_trial(tmp_path: Path)
     results, kept = tmp_path / "results" / "tiny", tmp_path / "kept" / "tiny"
     runs = ResultsStore.at(kept).read("runs")
     assert set(runs["trial_id"]) == set(ResultsStore.at(results).read("runs")["trial_id"]) and runs.height >= 5
-    assert row_files(kept) == row_files(results)  # byte for byte, the final weights too
-    assert sum(k.endswith("final.pt") for k in row_files(kept)) == runs.height
+    for table in ("runs", "metrics", "curves", "checks"):  # kept compact: every row, as the run wrote it
+        a, b = (load(s).tables()[table].collect() for s in (results, kept))
+        assert a.height == b.height > 0 and a.sort(a.columns[:3]).equals(b.sort(b.columns[:3])), table
+    assert {f"{p.parent.name}/{p.name}" for p in kept.rglob("*.parquet")} == {f"{p.parent.name}/kept.parquet"
+                                                                             for p in results.glob("*/*.parquet")}
+    assert len(list(kept.rglob("final.pt"))) == runs.height  # the final weights too
     ladders = plan_next(expand(load_spec(spec)), runs, [0], 3)
     assert [lad.verdict for lad in ladders] == ["complete"], [lad.why for lad in ladders]
 

@@ -13,7 +13,7 @@
 # (shakespeare.tar.xz, data/shakespeare_bytes). The specs beside this script (gpu_specs/):
 # gpucheck.yaml (six d128 trials the CPU ran, to set the devices side by side), families_d192.yaml
 # and families_d128.yaml (specs/families/families_ladders.yaml at one width each, the same trial ids).
-# Back here: cat new.tar.xz.part-* | xz -d | tar x -C ROOT, then tools/keep_store.py.
+# Back here: cat new.tar.xz.part-* | xz -d | tar x -C ROOT, then `sweep keep`.
 # 2026-12-04 it ran three times on one H200 (device time 12.5 of 15 min): as written, then with
 # SPECS="tools/gpu_specs/families_d128.yaml specs/attention/attention.yaml" LAUNCH_FOR=150 STOP_AFTER=225,
 # then the same with LAUNCH_FOR=95 STOP_AFTER=160 (the first runs had .devcarry/specs/, now gpu_specs/).

@@ -5,7 +5,7 @@
 #      nothing trains twice;
 #   2. `sweep next SPEC --out`: one lr beyond each best at its ladder's edge, seeds at each best
 #      strictly inside; run what it writes; again, until it writes nothing (or the same twice);
-#   3. after every run, `tools/keep_store.py RESULTS/<sweep> KEEP` copies the trials that
+#   3. after every run, `sweep keep RESULTS/<sweep> KEEP` keeps the trials that
 #      finished, so an interrupted session loses at most the trials running at the time.
 #
 #   tools/ladders.sh specs/families/families_ladders.yaml results docs/stores/families [sweep run options]
@@ -20,7 +20,6 @@ if [ $# -lt 3 ]; then
 fi
 spec=$1 results=$2 keep=$3
 shift 3
-here=$(cd "$(dirname "$0")" && pwd)
 name=$(python -c "
 import sys
 from sweep.spec import SpecError, load_spec
@@ -42,14 +41,14 @@ run() {  # run one spec (then sweep run's options), copying in what KEEP holds, 
     echo "== $(date '+%F %T') sweep run $one ${reuse[*]} $*"
     sweep run "$one" --results "$results" "${reuse[@]}" "$@"
     local rc=$?
-    python "$here/keep_store.py" "$results/$name" "$keep"
+    sweep keep "$results/$name" "$keep"
     local kept=$?
     if [ "$rc" -eq 2 ]; then  # bad input, or --stop-launching-at already past: nothing more will run
         echo "== $(date '+%F %T') sweep run refused (exit 2): stopping"
         exit 2
     fi
     if [ "$kept" -ne 0 ]; then
-        echo "== $(date '+%F %T') keep_store.py failed (exit $kept): stopping"
+        echo "== $(date '+%F %T') sweep keep failed (exit $kept): stopping"
         exit "$kept"
     fi
 }

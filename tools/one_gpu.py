@@ -4,7 +4,7 @@ gives one more lr beyond an edge or seeds 1-2 at a best strictly inside, and tho
 
 For a machine lent for minutes that has torch but not Ray: many small trials at once on one GPU,
 each its own process with one CPU thread, written into ResultsStores exactly as `sweep run` writes
-them (the same trial ids: runtime is not hashed), so `keep_store.py` merges them into a kept store.
+them (the same trial ids: runtime is not hashed), so `sweep keep` merges them into a kept store.
 
     python tools/one_gpu.py SPEC [SPEC ...] --results ROOT [--procs 14] [--device cuda]
         [--launch-for 400] [--stop-after 540] [--follow] [--stdlib-corpus DIR]
