@@ -487,13 +487,14 @@ def query(
 
 
 from sweep.cli_data import data_app  # noqa: E402  (commands of their own modules, on this app)
-from sweep.cli_probe import probe_app  # noqa: E402
+from sweep.cli_keep import keep  # noqa: E402
 from sweep.cli_next import next_ladders  # noqa: E402
+from sweep.cli_probe import probe_app  # noqa: E402
 
 app.command("next")(next_ladders)
+app.command("keep")(keep)
 app.add_typer(data_app, name="data")
 app.add_typer(probe_app, name="probe")
-app.command("keep")(__import__("sweep.cli_keep", fromlist=["keep"]).keep)  # `sweep keep`, in its own module
 
 if __name__ == "__main__":
     app()
