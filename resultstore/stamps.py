@@ -49,12 +49,20 @@ def declare_stamp(metadata: Mapping[bytes, bytes] | None, where: str) -> None:
 
 def declare_stored(fs: Any, paths: list[str], prefix: str = "") -> None:
     """Declare the columns stamped in these runs files (paths within the pyarrow filesystem `fs`;
-    `prefix` puts a URI's scheme back in a message). Footers are read sixteen at a time."""
+    `prefix` puts a URI's scheme back in a message). Footers are read one by one on a local disk
+    (parsing them holds the GIL), sixteen at a time from an object store (a request each)."""
     from concurrent.futures import ThreadPoolExecutor
+
+    def metadata(path: str) -> dict[bytes, bytes] | None:
+        with fs.open_input_file(path) as f:
+            return pq.ParquetFile(f).metadata.metadata
 
     if not paths:
         return
-    with ThreadPoolExecutor(max_workers=min(16, len(paths))) as pool:
-        schemas = list(pool.map(lambda p: pq.read_schema(p, filesystem=fs), paths))
-    for path, schema in zip(paths, schemas):
-        declare_stamp(schema.metadata, f"{prefix}{path}")
+    if prefix:
+        with ThreadPoolExecutor(max_workers=min(16, len(paths))) as pool:
+            found = list(pool.map(metadata, paths))
+    else:
+        found = [metadata(p) for p in paths]
+    for path, meta in zip(paths, found):
+        declare_stamp(meta, f"{prefix}{path}")
