@@ -4,11 +4,13 @@ The contract between the halves: the writer (`resultstore.writer`) writes with t
 schemas (`ARROW`), the reader (`resultstore.reader`, behind `analysis.load`) reads with the
 polars ones derived from them (`RUNS_SCHEMA` ...).
 
-A new runs column is added here, once, with its role (`RUNS_COLUMNS`, `Role`: axis,
+A new core runs column is added here, once, with its role (`CORE_COLUMNS`, `Role`: axis,
 hyper-parameter, label, outcome, ...), from which analysis derives its label and chart columns;
 `study.train.run_row` fills it (a test checks that every key run_row writes is declared here).
 An optimiser module declares its own hyper-parameter columns (`declare_runs_column`, through
-study/optim's registry), appended after these. Identity columns: `trial_id` hashes the science config
+study/optim's registry), the built-in ones as any other; the writer stamps every runs file with
+them and the reader declares what it finds (`resultstore.stamps`), so a process that never
+imports study knows them from the store. Files written before stamps hold `LEGACY_COLUMNS`. Identity columns: `trial_id` hashes the science config
 (seed included); `config_id` hashes it without the seed (`resultstore.ids`), so seeds of one
 config share it and every seed aggregate groups by it.
 """
@@ -73,8 +75,8 @@ class Role(StrEnum):
     AXIS = "axis"
     """A config choice a label names by its value: optimizer, norm, attention, rotation_label."""
     HYPER = "hyper"
-    """An optimiser hyper-parameter (lr, momentum, ...; an optimiser module may declare its own:
-    `declare_runs_column`). Null where it does not apply to the trial's optimiser."""
+    """An optimiser hyper-parameter (lr, weight_decay; an optimiser module declares its own, momentum
+    ...: `declare_runs_column`). Null where it does not apply to the trial's optimiser."""
     LABEL = "label"
     """A description of an axis's value, carried along with it (optimizer_family; the rotation
     plan's mode, group_size, groups)."""
