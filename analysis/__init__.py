@@ -28,7 +28,7 @@ from analysis.fits import (
     fit_groups, fits_table,
 )  # fmt: skip
 from analysis.identity import ID_COLUMNS, science_hash, with_ids
-from analysis.labels import BASIS_SERIES, LABEL_AXES, SITE_NAMES, trial_label, trial_labels, varying_axes
+from analysis.labels import BASIS_SERIES, SITE_NAMES, label_axes, trial_label, trial_labels, varying_axes
 from analysis.load import (
     CONFIG_ID,
     LABEL_COLUMNS,
@@ -99,7 +99,6 @@ __all__ = [
     "FamilyComparison",
     "FINISHED",
     "ID_COLUMNS",
-    "LABEL_AXES",
     "LABEL_COLUMNS",
     "METRICS_SCHEMA",
     "NoSweepError",
@@ -134,6 +133,7 @@ __all__ = [
     "n_label",
     "fits_table",
     "group_size_table",
+    "label_axes",
     "layer_profile",
     "line_labels",
     "load",

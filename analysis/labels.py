@@ -13,7 +13,7 @@ ENDS = ("ends in bases of their own", "ends in the group's basis", "ends unrotat
 ``analysis.selection.group_size_table`` names them, in the order a chart's panels take."""
 
 # label_rows and labels_for take sweep's Trial objects: they serve sweep's CLI, not analysis's public surface
-__all__ = ["BASIS_SERIES", "LABEL_AXES", "SITE_NAMES", "trial_label", "trial_labels", "varying_axes"]
+__all__ = ["BASIS_SERIES", "SITE_NAMES", "label_axes", "trial_label", "trial_labels", "varying_axes"]
 
 SITE_NAMES = {
     ("resid", "stored"): "residual stream",
@@ -44,15 +44,11 @@ def label_axes() -> tuple[str, ...]:
     """The flat runs columns (``TrialConfig.flat()``) a trial label may name, in label order, from
     the schema's roles: the model's shape, the optimiser and its hyper-parameters, the other axes
     (norm, attention, rotation_label), the data and the seed. Read at call time, so a
-    hyper-parameter column an optimiser module declares counts too. Options of an optimiser
+    hyper-parameter column an optimiser module declares, or a store read stamps, counts too. Options of an optimiser
     that no column holds (``muon_lr_ratio``, ``shampoo_beta``, ...) go after its hyper-parameters."""
     axes = [a for a in runs_columns(Role.AXIS) if a != OPTIMIZER]
     return (*runs_columns(Role.SHAPE), OPTIMIZER, *runs_columns(Role.HYPER), *axes, *runs_columns(Role.DATA),
             *runs_columns(Role.SEED))
-
-
-LABEL_AXES = label_axes()
-"""``label_axes()`` when this module was imported."""
 
 _WITHIN = {"optimizer": (), "d_mlp": ("optimizer", "d_model"), "n_heads": ("optimizer", "d_model")}
 """An axis varies when it takes several values among trials equal in these columns (default: the

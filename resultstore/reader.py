@@ -24,6 +24,7 @@ import polars as pl
 
 from resultstore import layout, uri
 from resultstore.schema import SCHEMAS, TABLES
+from resultstore.stamps import declare_stored
 
 __all__ = ["Results", "find_sweep", "load", "verify_footers"]
 
@@ -92,6 +93,8 @@ def load(path: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | N
     for table in TABLES:
         found = [f"{sweep}/{table}/{rel}" for rel in layout.table_files(fs, f"{sweep}/{table}")]
         verify_footers(fs, found, prefix)
+        if table == "runs":  # the columns its files stamp, before the contract is read (resultstore.stamps)
+            declare_stored(fs, found, prefix)
         files[table] = tuple(prefix + f for f in found)
         tables[table] = _scan(fs, found, files[table], SCHEMAS[table], opts)
     return Results(path=prefix + sweep, files=files, **tables)

@@ -4,11 +4,13 @@ The contract between the halves: the writer (`resultstore.writer`) writes with t
 schemas (`ARROW`), the reader (`resultstore.reader`, behind `analysis.load`) reads with the
 polars ones derived from them (`RUNS_SCHEMA` ...).
 
-A new runs column is added here, once, with its role (`RUNS_COLUMNS`, `Role`: axis,
+A new core runs column is added here, once, with its role (`CORE_COLUMNS`, `Role`: axis,
 hyper-parameter, label, outcome, ...), from which analysis derives its label and chart columns;
 `study.train.run_row` fills it (a test checks that every key run_row writes is declared here).
 An optimiser module declares its own hyper-parameter columns (`declare_runs_column`, through
-study/optim's registry), appended after these. Identity columns: `trial_id` hashes the science config
+study/optim's registry), the built-in ones as any other; the writer stamps every runs file with
+them and the reader declares what it finds (`resultstore.stamps`), so a process that never
+imports study knows them from the store. Files written before stamps hold `LEGACY_COLUMNS`. Identity columns: `trial_id` hashes the science config
 (seed included); `config_id` hashes it without the seed (`resultstore.ids`), so seeds of one
 config share it and every seed aggregate groups by it.
 """
@@ -24,11 +26,13 @@ import pyarrow as pa
 __all__ = [
     "ARROW",
     "CHECKS_SCHEMA",
+    "CORE_COLUMNS",
     "CURVES_SCHEMA",
     "DIMS_SCHEMA",
     "FAMILY_MEANING",
     "FINISHED",
     "HYPER_ORDER",
+    "LEGACY_COLUMNS",
     "METRICS_SCHEMA",
     "RUNS_COLUMNS",
     "RUNS_SCHEMA",
@@ -41,6 +45,8 @@ __all__ = [
     "Role",
     "Status",
     "declare_runs_column",
+    "declared_columns",
+    "kind_of",
     "role_of",
     "runs_columns",
 ]
@@ -69,8 +75,8 @@ class Role(StrEnum):
     AXIS = "axis"
     """A config choice a label names by its value: optimizer, norm, attention, rotation_label."""
     HYPER = "hyper"
-    """An optimiser hyper-parameter (lr, momentum, ...; an optimiser module may declare its own:
-    `declare_runs_column`). Null where it does not apply to the trial's optimiser."""
+    """An optimiser hyper-parameter (lr, weight_decay; an optimiser module declares its own, momentum
+    ...: `declare_runs_column`). Null where it does not apply to the trial's optimiser."""
     LABEL = "label"
     """A description of an axis's value, carried along with it (optimizer_family; the rotation
     plan's mode, group_size, groups)."""
@@ -113,18 +119,15 @@ _S, _I, _F, _B = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 _ID, _SHAPE, _SIZE, _AXIS, _HYPER, _LABEL = Role.ID, Role.SHAPE, Role.SIZE, Role.AXIS, Role.HYPER, Role.LABEL
 _DETAIL, _DATA, _SEED, _OUT, _PROV = Role.DETAIL, Role.DATA, Role.SEED, Role.OUTCOME, Role.PROVENANCE
 
-RUNS_COLUMNS: list[tuple[str, pa.DataType, Role]] = [
+CORE_COLUMNS: tuple[tuple[str, pa.DataType, Role], ...] = (
     # identity
     ("trial_id", _S, _ID), ("config_id", _S, _ID), ("sweep", _S, _ID), ("status", _S, _OUT),
     # model shape and size
     ("d_model", _I, _SHAPE), ("n_layers", _I, _SHAPE), ("n_heads", _I, _SHAPE), ("d_mlp", _I, _SHAPE),
     ("params", _I, _SIZE), ("params_non_embedding", _I, _SIZE), ("flops_per_token", _F, _SIZE),
     # optimiser
+    # (an optimiser's own hyper-parameters follow weight_decay: LEGACY_COLUMNS, then stamped ones at the end)
     ("optimizer", _S, _AXIS), ("optimizer_family", _S, _LABEL), ("lr", _F, _HYPER), ("weight_decay", _F, _HYPER),
-    ("momentum", _F, _HYPER), ("eps", _F, _HYPER), ("beta1", _F, _HYPER), ("beta2", _F, _HYPER),
-    ("nesterov", _B, _HYPER), ("rotate", _S, _HYPER),
-    ("precondition_frequency", _I, _HYPER),
-    ("muon_ends", _S, _HYPER),
     # norm, attention (study.attention's label; null in stores before it: softmax) and rotation plan
     ("norm", _S, _AXIS), ("attention", _S, _AXIS), ("rotation", _S, _LABEL), ("group_size", _I, _LABEL),
     ("rotation_groups", _S, _LABEL), ("rotation_label", _S, _AXIS),
@@ -141,9 +144,25 @@ RUNS_COLUMNS: list[tuple[str, pa.DataType, Role]] = [
     ("device", _S, _PROV), ("node", _S, _PROV), ("torch_version", _S, _PROV), ("version", _S, _PROV),
     ("git_sha", _S, _PROV), ("corpus_fingerprint", _S, _PROV), ("error", _S, _PROV), ("config_json", _S, _PROV),
     ("device_detail", _S, _PROV),  # GPU name, CPU model, torch's CPU kernel path: results differ across them
-]  # fmt: skip
-"""The runs table: one row per trial, its columns in file order, each with its type and role.
-A column declared later (`declare_runs_column`) is appended, so earlier files keep their order."""
+)  # fmt: skip
+"""The runs table's core: the columns every process knows, whatever optimisers it has, each with
+its type and role, in file order. Every other column is an optimiser's own (`declare_runs_column`)."""
+
+LEGACY_COLUMNS: tuple[tuple[str, str, Role], ...] = (
+    ("momentum", "float", _HYPER), ("eps", "float", _HYPER), ("beta1", "float", _HYPER), ("beta2", "float", _HYPER),
+    ("nesterov", "bool", _HYPER), ("rotate", "string", _HYPER), ("precondition_frequency", "int", _HYPER),
+    ("muon_ends", "string", _HYPER),
+)  # fmt: skip
+"""The optimisers' own columns (name, kind, role) that runs files written before stamps
+(`resultstore.stamps`) hold after weight_decay, in this order: what such a file is read as
+stamped with. Declared when this module loads, so every process reads those files (every kept
+store) as it always has; the built-in optimisers declare the same columns (their `own_columns`)
+and a test holds the two equal. Frozen: a later column is declared by its optimiser module,
+stamped by the writer and declared by the reader from the stamp, appended after the others."""
+
+RUNS_COLUMNS: list[tuple[str, pa.DataType, Role]] = list(CORE_COLUMNS)
+"""The runs table: one row per trial, its columns in file order, each with its type and role:
+the core, then the declared columns (`declare_runs_column`; LEGACY_COLUMNS after weight_decay)."""
 
 HYPER_ORDER = ("lr", "momentum", "nesterov", "weight_decay", "eps", "beta1", "beta2", "rotate")
 """The order labels and report tables name these hyper-parameters in (as they have since the first
@@ -235,19 +254,41 @@ def runs_columns(*roles: Role) -> tuple[str, ...]:
     return (*(c for c in HYPER_ORDER if c in named), *(c for c in named if c not in HYPER_ORDER))
 
 
-def declare_runs_column(name: str, kind: str, role: Role = Role.HYPER) -> None:
-    """Add a runs column (appended: files written before it keep their order) of this `kind`
-    (string, int, float or bool), e.g. an optimiser's own hyper-parameter: the writer writes it,
-    the reader reads it, analysis labels and charts it by its role. Declaring a column again with
-    the same type and role does nothing; with another, or a name the table has, is an error."""
+def declare_runs_column(name: str, kind: str, role: Role = Role.HYPER, *, after: str | None = None) -> None:
+    """Add a runs column of this `kind` (string, int, float or bool), e.g. an optimiser's own
+    hyper-parameter: the writer writes (and stamps) it, the reader reads it, analysis labels and
+    charts it by its role. It goes at the end (files written before it keep their order), or
+    right `after` that column. Declaring a column again with the same type and role does nothing;
+    with another, or a name the table has, is an error."""
     if kind not in _KINDS:
         raise ValueError(f"runs column {name!r}: kind {kind!r} is not one of {list(_KINDS)}")
     if name in _ROLES:
         if ARROW["runs"].field(name).type == _KINDS[kind] and _ROLES[name] == role:
             return
         raise ValueError(f"runs column {name!r} is declared already ({_ROLES[name].value}, "
-                         f"{ARROW['runs'].field(name).type})")
-    RUNS_COLUMNS.append((name, _KINDS[kind], role))
-    _ROLES[name] = role
-    ARROW["runs"] = ARROW["runs"].append(pa.field(name, _KINDS[kind]))
-    RUNS_SCHEMA[name] = _POLARS[_KINDS[kind]]  # SCHEMAS["runs"] is this dict
+                         f"{kind_of(ARROW['runs'].field(name).type)}), not as {role.value}, {kind}")
+    at = len(RUNS_COLUMNS) if after is None else [c for c, _, _ in RUNS_COLUMNS].index(after) + 1
+    RUNS_COLUMNS.insert(at, (name, _KINDS[kind], role))
+    ARROW["runs"] = ARROW["runs"].insert(at, pa.field(name, _KINDS[kind]))
+    # _ROLES and RUNS_SCHEMA (SCHEMAS["runs"], held by every importer) are refilled in place, in file order
+    _ROLES.clear()
+    _ROLES.update({c: r for c, _, r in RUNS_COLUMNS})
+    polars = list(RUNS_SCHEMA.items())
+    polars.insert(at, (name, _POLARS[_KINDS[kind]]))
+    RUNS_SCHEMA.clear()
+    RUNS_SCHEMA.update(polars)
+
+
+def kind_of(arrow: pa.DataType) -> str:
+    """The kind (`declare_runs_column`'s string, int, float or bool) of a runs column's Arrow type."""
+    return next(k for k, t in _KINDS.items() if t == arrow)
+
+
+def declared_columns() -> list[tuple[str, str, Role]]:
+    """Every runs column beyond the core, (name, kind, role) in file order: what the writer stamps."""
+    core = {c for c, _, _ in CORE_COLUMNS}
+    return [(c, kind_of(t), r) for c, t, r in RUNS_COLUMNS if c not in core]
+
+
+for _at, (_name, _kind, _role) in zip(("weight_decay", *(c for c, _, _ in LEGACY_COLUMNS)), LEGACY_COLUMNS):
+    declare_runs_column(_name, _kind, _role, after=_at)

@@ -41,13 +41,15 @@ from resultstore.layout import (
 from resultstore.lock import HOLDING_ENV, SweepLock
 from resultstore.paths import local_write_problem
 from resultstore.schema import ARROW, FINISHED, SCHEMAS, TABLES
+from resultstore.stamps import stamp
 from resultstore.uri import StorageError, first_line
 
 __all__ = ["ResultsStore", "StoreSink", "StoreStatus"]
 
 
 def _to_table(name: str, rows: list[dict]) -> pa.Table:
-    schema = ARROW[name]
+    # a runs file stamps its columns' kinds and roles: any reader knows them (resultstore.stamps)
+    schema = ARROW[name].with_metadata(stamp()) if name == "runs" else ARROW[name]
     return pa.Table.from_pylist([{k: r.get(k) for k in schema.names} for r in rows], schema=schema)
 
 

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import get_args
+from typing import Literal, get_args
 
 import pytest
 
@@ -18,8 +18,9 @@ from analysis.load import RUNS_SCHEMA
 from study.config import OptimizerConfig, OptimizerName, TrialConfig
 from study.optim import OPTIMIZER_FAMILY
 from study.optim.registry import (
-    FAMILIES, ID_FIELDS, OPTIMIZERS, Optimizer, optimizer_columns, optimizer_names, register,
+    FAMILIES, ID_FIELDS, OPTIMIZERS, Optimizer, optimizer_columns, optimizer_names, own_columns, register,
 )
+from resultstore.schema import LEGACY_COLUMNS, RUNS_COLUMNS, kind_of
 
 OPTIMIZER_COLUMNS = optimizer_columns()
 from synthetic_store import FAMILIES as SYNTHETIC_FAMILIES
@@ -80,6 +81,19 @@ def test_runs_columns_at_the_defaults_are_golden(name, columns):
     assert list(row)[list(row).index("weight_decay") + 1 : list(row).index("norm")] == list(OPTIMIZER_COLUMNS)
 
 
+def test_the_built_in_optimisers_declare_the_columns_unstamped_files_hold():
+    """One mechanism: the built-ins' hyper-parameter columns are their modules' own_columns, each
+    of the kind and place that runs files written before stamps hold (LEGACY_COLUMNS), and an
+    optimiser fills exactly its own columns (besides lr and weight_decay)."""
+    declared = {c for e in OPTIMIZERS.values() for c in own_columns(e.config)}
+    assert declared == {c for c, _, _ in LEGACY_COLUMNS}
+    kinds = {c: (kind_of(t), r) for c, t, r in RUNS_COLUMNS}
+    assert all(kinds[c] == (k, r) for c, k, r in LEGACY_COLUMNS)
+    for name, entry in OPTIMIZERS.items():
+        config = OptimizerConfig.model_validate({"name": name, "lr": 1e-3})
+        assert set(config.runs_columns()) - {"lr", "weight_decay"} == set(own_columns(entry.config)), name
+
+
 def test_charts_and_the_synthetic_store_know_every_family():
     assert set(FAMILY_ORDER) == set(FAMILIES)  # a new family gets a panel place in analysis/charts/style.py
     assert SYNTHETIC_FAMILIES == OPTIMIZER_FAMILY
@@ -93,6 +107,10 @@ def test_an_entry_is_registered_once_with_a_known_family():
         register(Optimizer("nadam", order=9, family="rotation_invariant", config=entry.config, build=entry.build))
     with pytest.raises(ValueError, match=r"its config's name must be Literal\['nadam'\]"):
         register(Optimizer("nadam", order=9, family="per_coordinate", config=entry.config, build=entry.build))
+    with pytest.raises(ValueError, match="own column 'gamma' is not one of its fields"):
+        register(Optimizer("nadam", order=9, family="per_coordinate", build=entry.build,
+                           config=type("NAdamConfig", (entry.config,), {"__annotations__": {"name": Literal["nadam"]},
+                                                                        "name": "nadam", "own_columns": ("gamma",)})))
     assert "nadam" not in OPTIMIZERS
 
 
@@ -195,15 +213,42 @@ print(next(n for n in reversed(OPTIMIZER_FAMILY) if not n.startswith("rotated_")
 """
 
 
+READER = """
+import sys
+import polars as pl
+from analysis.charts.frames import decorate
+from analysis.labels import label_axes, trial_labels
+from analysis.load import label_columns, load
+from analysis.selection import line_labels
+from resultstore.schema import Role, role_of
+
+assert role_of("momentum_decay") is None  # nothing here declares it: the store will
+runs = load(sys.argv[1]).runs.collect().sort("momentum_decay")
+assert role_of("momentum_decay") is Role.HYPER and runs.schema["momentum_decay"] == pl.Float64
+assert runs.get_column("momentum_decay").to_list() == [4e-3, 1e-2]
+assert "momentum_decay" in label_axes() and "momentum_decay" in label_columns()
+assert trial_labels(runs.to_dicts()) == ["momentum_decay 0.004", "momentum_decay 0.01"]
+lines = line_labels(runs.with_columns(tuned_line_id=pl.col("trial_id")))
+assert sorted(lines.get_column("config")) == ["nadam · layernorm · none · momentum_decay=0.004 · lr=0.01",
+                                              "nadam · layernorm · none · momentum_decay=0.01 · lr=0.01"]
+assert decorate(runs, facet=None).get_column("variant").to_list() == ["0.004", "0.01"]
+print(sorted(m for m in ("study", "torch") if m in sys.modules))
+"""
+
+
 def test_a_new_optimizer_is_one_module(tmp_path):
     """A copy of study/ with one more module in study/optim/, nothing else edited: a ninth
     optimiser with a hyper-parameter of its own is validated (a bad value named at its place),
-    trained, stored (its runs column), labelled and charted."""
+    trained, stored (its runs column), labelled and charted; and a fresh process that never
+    imports study (the repository's, without nadam) reads its column's role from the store alone."""
     shutil.copytree(REPO / "study", tmp_path / "study", ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "study" / "optim" / "nadam.py").write_text(NADAM)
     done = _run(NINTH + "\n", [tmp_path, REPO], str(tmp_path / "results"))
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["nadam"]
+    read = _run(READER, [REPO], str(tmp_path / "results"))
+    assert read.returncode == 0, read.stderr
+    assert read.stdout.strip() == "[]"  # neither study nor torch was imported
 
 
 SHARDABLE = ("adam", "sgd", "lion", "signsgd")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field
 
@@ -23,6 +23,8 @@ class AdamConfig(OptimizerConfig):
     """Moment decay rates."""
     eps: float = Field(default=1e-8, gt=0)
     """Denominator epsilon."""
+
+    own_columns: ClassVar[tuple[str, ...]] = ("eps", "beta1", "beta2")
 
 
 def build(cfg: Trial, model: nn.Module):

@@ -58,6 +58,8 @@ class MuonConfig(AdamConfig):
 
     id_optional: ClassVar[tuple[str, ...]] = ("muon_ends", "muon_ends_lr_ratio")
     column_fields: ClassVar[tuple[str, ...]] = ("betas", "muon_momentum")
+    own_columns: ClassVar[tuple[str, ...]] = ("momentum", "nesterov", "muon_ends")
+    """momentum holds muon_momentum (see runs_columns)."""
 
     @field_validator("muon_exclude")
     @classmethod

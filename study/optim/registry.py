@@ -27,7 +27,7 @@ from study.frozen import FieldError, _Frozen
 
 __all__ = [
     "FAMILIES", "ID_FIELDS", "OPTIMIZERS", "PER_COORDINATE_GAINS", "WRITTEN", "Optimizer", "OptimizerConfig", "Trial",
-    "optimizer_columns", "optimizer_family", "optimizer_names", "register", "runs_columns", "sharding_problem",
+    "optimizer_columns", "optimizer_family", "optimizer_names", "own_columns", "register", "runs_columns", "sharding_problem",
 ]  # fmt: skip
 
 FAMILIES: dict[str, str] = {family.value: FAMILY_MEANING[family] for family in Family}
@@ -82,9 +82,10 @@ class OptimizerConfig(_Frozen):
     inherited: the optimisers' own classes validate as themselves)."""
     id_fill: ClassVar[dict[str, Any]] = ID_FIELDS
     own_columns: ClassVar[tuple[str, ...]] = ()
-    """Its fields that get a runs column of their own (a HYPER column declared at
-    resultstore.schema when it is registered, appended to the runs table). A field named like an
-    existing runs column (momentum, eps, rotate, ...) fills that column without being listed."""
+    """The runs columns of its own hyper-parameters (a field's name, or beta1 and beta2 for betas),
+    besides those of the classes it derives from: `register` declares each in resultstore.schema
+    with the role `hyper`, the writer stamps it in every runs file, and any reader learns it there.
+    The built-in optimisers' columns (momentum .. muon_ends) are declared this way too."""
     column_fields: ClassVar[tuple[str, ...]] = ("betas",)
     """Fields whose values differently named runs columns hold (betas: beta1 and beta2)."""
 
@@ -207,26 +208,42 @@ OPTIMIZERS: dict[str, Optimizer] = {}
 _KINDS = {float: "float", int: "int", bool: "bool", str: "string"}
 
 
-def _column_kind(config: type[OptimizerConfig], field: str) -> str:
-    """The runs column type of a config field: float, int, bool, or string (a str or string Literal)."""
+_SPLIT = {"beta1": "betas", "beta2": "betas"}
+"""Runs columns that hold one element of a config field (a tuple)."""
+
+
+def own_columns(config: type[OptimizerConfig]) -> tuple[str, ...]:
+    """The runs columns `config` declares: the own_columns of it and of every class it derives
+    from, base classes' first."""
+    return tuple(dict.fromkeys(c for k in reversed(config.__mro__) for c in vars(k).get("own_columns", ())))
+
+
+def _column_kind(config: type[OptimizerConfig], column: str) -> str:
+    """The runs column type of a config field: float, int, bool, or string (a str or string Literal);
+    beta1 and beta2 an element of betas's."""
+    field = column if column in config.model_fields else _SPLIT.get(column)
+    if field not in config.model_fields:
+        raise ValueError(f"{config.__name__}: own column {column!r} is not one of its fields")
     annotation = config.model_fields[field].annotation
+    if field != column:
+        annotation = typing.get_args(annotation)[0]
     if typing.get_origin(annotation) is Literal:
         annotation = type(typing.get_args(annotation)[0])
     if annotation not in _KINDS:
-        raise ValueError(f"{config.__name__}.{field}: a runs column holds a number, bool or string, not {annotation}")
+        raise ValueError(f"{config.__name__}.{column}: a runs column holds a number, bool or string, not {annotation}")
     return _KINDS[annotation]
 
 
 def register(entry: Optimizer) -> Optimizer:
     """Add `entry` (each name once, its family a Family value, its config naming it) and declare
-    its config's own_columns in the runs table; return it."""
+    its config's own_columns (`own_columns`) in the runs table; return it."""
     if entry.name in OPTIMIZERS:
         raise ValueError(f"optimiser {entry.name!r} is registered twice")
     if entry.family not in FAMILIES:
         raise ValueError(f"optimiser {entry.name!r}: family {entry.family!r} is not one of {list(FAMILIES)}")
     if entry.config.model_fields["name"].annotation != Literal[entry.name]:
         raise ValueError(f"optimiser {entry.name!r}: its config's name must be Literal[{entry.name!r}]")
-    for column in entry.config.own_columns:
+    for column in own_columns(entry.config):
         declare_runs_column(column, _column_kind(entry.config, column), Role.HYPER)
     OPTIMIZERS[entry.name] = entry
     return entry
@@ -246,7 +263,7 @@ def optimizer_family(optimizer: OptimizerConfig, norm: str) -> str:
 
 def optimizer_columns() -> tuple[str, ...]:
     """The runs table's hyper-parameter columns besides lr and weight_decay, in its order
-    (momentum .. muon_ends, then any an optimiser module declared)."""
+    (momentum .. muon_ends, then any other an optimiser module declared or a store read stamped)."""
     return tuple(c for c in schema_columns() if role_of(c) is Role.HYPER and c not in ("lr", "weight_decay"))
 
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from study.optim.adam import AdamConfig
 from study.optim.registry import Optimizer, Trial, register
@@ -23,6 +23,8 @@ class RotatedAdamConfig(AdamConfig):
     name: Literal["rotated_adam"] = "rotated_adam"  # type: ignore[assignment]
     rotate: Literal["all", "residual"] = "residual"
     """Rotate every dimension, or only those of size d_model."""
+
+    own_columns: ClassVar[tuple[str, ...]] = ("rotate",)
 
 
 def build(cfg: Trial, model: nn.Module):

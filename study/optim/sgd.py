@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field
 
@@ -23,6 +23,8 @@ class SGDConfig(OptimizerConfig):
     """Momentum."""
     nesterov: bool = False
     """Nesterov momentum."""
+
+    own_columns: ClassVar[tuple[str, ...]] = ("momentum", "nesterov")
 
 
 def build(cfg: Trial, model: nn.Module):

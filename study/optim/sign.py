@@ -3,7 +3,7 @@ momentum, the sign of a momentum. Both move every coordinate by exactly lr."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field
 
@@ -23,6 +23,8 @@ class LionConfig(OptimizerConfig):
     betas: tuple[float, float] = (0.9, 0.95)
     """The interpolation rate of the update and the momentum's decay rate."""
 
+    own_columns: ClassVar[tuple[str, ...]] = ("beta1", "beta2")
+
 
 class SignSGDConfig(OptimizerConfig):
     """signSGD with momentum: the sign of a momentum."""
@@ -30,6 +32,8 @@ class SignSGDConfig(OptimizerConfig):
     name: Literal["signsgd"] = "signsgd"
     momentum: float = Field(default=0.9, ge=0, lt=1)
     """The decay rate of the momentum whose sign is the update."""
+
+    own_columns: ClassVar[tuple[str, ...]] = ("momentum",)
 
 
 def _lion(model: nn.Module, lr: float, betas: tuple[float, float], weight_decay: float,

@@ -32,6 +32,7 @@ class SOAPConfig(AdamConfig):
     as a 1 x n matrix (the reference's precondition_1d; family adaptive_basis)."""
 
     id_optional: ClassVar[tuple[str, ...]] = ("soap_vectors",)
+    own_columns: ClassVar[tuple[str, ...]] = ("precondition_frequency",)
 
 
 def build(cfg: Trial, model: nn.Module):

@@ -58,6 +58,8 @@ def twin(base: str) -> Optimizer:
         rotate=(Literal["all", "residual"], Field("residual", description="Rotate every dimension, or only those of size d_model.")),
     )
 
+    config.own_columns = ("rotate",)  # besides its base's
+
     def build(cfg: Trial, model: nn.Module):
         from study.optim.rules.groups import index_dims
         from study.optim.rules.rotated_basis import RotatedBasis
