@@ -31,12 +31,13 @@ from analysis.identity import ID_COLUMNS, science_hash, with_ids
 from analysis.labels import BASIS_SERIES, SITE_NAMES, label_axes, trial_label, trial_labels, varying_axes
 from analysis.load import (
     CONFIG_ID,
-    LABEL_COLUMNS,
     SIZE_COLUMNS,
     NoSweepError,
     Results,
+    axis_labels,
     config_label,
     find_sweep,
+    label_columns,
     load,
     rotation_label,
 )
@@ -99,7 +100,6 @@ __all__ = [
     "FamilyComparison",
     "FINISHED",
     "ID_COLUMNS",
-    "LABEL_COLUMNS",
     "METRICS_SCHEMA",
     "NoSweepError",
     "PowerLawFit",
@@ -114,6 +114,7 @@ __all__ = [
     "Status",
     "TABLES",
     "UNSUCCESSFUL",
+    "axis_labels",
     "basis_comparison",
     "best_lr",
     "best_lr_results",
@@ -134,6 +135,7 @@ __all__ = [
     "fits_table",
     "group_size_table",
     "label_axes",
+    "label_columns",
     "layer_profile",
     "line_labels",
     "load",

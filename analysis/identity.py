@@ -25,7 +25,7 @@ from typing import Any
 
 import polars as pl
 
-from analysis.load import LABEL_COLUMNS, SIZE_COLUMNS
+from analysis.load import SIZE_COLUMNS, label_columns
 from resultstore.ids import science_hash  # the one implementation, also TrialConfig.config_id's
 
 __all__ = ["ID_COLUMNS", "science_hash", "with_ids"]
@@ -37,7 +37,7 @@ _DROPS: dict[str, tuple[str, ...]] = {
     "line_id": ("model",),
     "tuned_line_id": ("model", "optimizer.lr"),
 }
-_FALLBACK = (*LABEL_COLUMNS, *SIZE_COLUMNS, "corpus", "seq_len", "batch_size", "tokens")
+_FALLBACK = (*label_columns(), *SIZE_COLUMNS, "corpus", "seq_len", "batch_size", "tokens")
 _SIZE_KEYS = ("d_model", "n_layers", "n_heads", "d_mlp", "params", "params_non_embedding", "tokens")
 
 

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from resultstore.schema import Role, runs_columns
+from resultstore.vocabulary import Basis, Site
 
 ENDS = ("ends in bases of their own", "ends in the group's basis", "ends unrotated")
 """Where a partial rotation's ends (the embedding's write, the unembedding's read) compute, as
@@ -16,22 +17,22 @@ ENDS = ("ends in bases of their own", "ends in the group's basis", "ends unrotat
 __all__ = ["BASIS_SERIES", "SITE_NAMES", "label_axes", "trial_label", "trial_labels", "varying_axes"]
 
 SITE_NAMES = {
-    ("resid", "stored"): "residual stream",
-    ("resid", "random"): "residual stream, random basis",
-    ("attn_in", "computation"): "attention input",
-    ("mlp_in", "computation"): "MLP input",
-    ("mlp_act", "neuron"): "MLP neurons",
-    ("model", "computation"): "model",
-    ("attn", "heads"): "attention pattern",
-    ("attn", "uniform"): "uniform causal attention",
+    (Site.RESID, Basis.STORED): "residual stream",
+    (Site.RESID, Basis.RANDOM): "residual stream, random basis",
+    (Site.ATTN_IN, Basis.COMPUTATION): "attention input",
+    (Site.MLP_IN, Basis.COMPUTATION): "MLP input",
+    (Site.MLP_ACT, Basis.NEURON): "MLP neurons",
+    (Site.MODEL, Basis.COMPUTATION): "model",
+    (Site.ATTN, Basis.HEADS): "attention pattern",
+    (Site.ATTN, Basis.UNIFORM): "uniform causal attention",
 }
 """A site (and basis) in words, e.g. in ``kurtosis − control, residual stream``."""
 
 BASIS_SERIES = {
-    ("resid", "stored"): "residual, stored basis",
-    ("resid", "random"): "residual, random basis",
-    ("attn_in", "computation"): "attention input, computation basis",
-    ("mlp_in", "computation"): "MLP input, computation basis",
+    (Site.RESID, Basis.STORED): "residual, stored basis",
+    (Site.RESID, Basis.RANDOM): "residual, random basis",
+    (Site.ATTN_IN, Basis.COMPUTATION): "attention input, computation basis",
+    (Site.MLP_IN, Basis.COMPUTATION): "MLP input, computation basis",
 }
 """The (site, basis) series ``queries.basis_comparison`` compares, with their legend names
 (in legend order)."""

@@ -35,7 +35,6 @@ __all__ = [
     "CONFIG_ID",
     "CURVES_SCHEMA",
     "DIMS_SCHEMA",
-    "LABEL_COLUMNS",
     "METRICS_SCHEMA",
     "RUNS_SCHEMA",
     "SAE_SCHEMA",
@@ -71,11 +70,6 @@ def label_columns() -> tuple[str, ...]:
     optimizer = [c for c in described if runs_columns().index(c) < first_hyper]
     return (*optimizer, *(h for h in hypers if h in HYPER_ORDER), *(c for c in described if c not in optimizer),
             *(h for h in hypers if h not in HYPER_ORDER))
-
-
-LABEL_COLUMNS = label_columns()
-"""``label_columns()`` when this module was imported (the built-in columns, and those of any
-optimiser module imported before it)."""
 
 
 ADDED_LATER = {"attention": "softmax", "parametrization": "sp"}

@@ -24,10 +24,6 @@ Source = Results | pl.LazyFrame | pl.DataFrame
 LayerAgg = Literal["mean", "max", "min", "median", "sum"]
 Layers = Literal["blocks", "all"] | Sequence[int]
 
-
-TABLE_COLUMNS = {t: set(SCHEMAS[t]) for t in TABLES}
-
-
 CONTROL = (Site.RESID, Basis.RANDOM)
 """The measured no-privilege control: the residual stream in random bases (one basis in older
 stores, the mean over >= 32 Haar bases in newer ones), whose expectation is the exact null
@@ -98,8 +94,8 @@ def inputs(
     if isinstance(results, pl.DataFrame | pl.LazyFrame):
         frame = results.lazy()
         names = frame.collect_schema().names()
-        base = [c for c in names if c in TABLE_COLUMNS[table]]
-        extra = [c for c in names if c not in TABLE_COLUMNS[table]]
+        base = [c for c in names if c in SCHEMAS[table]]  # read now: a column a store's stamp declared counts
+        extra = [c for c in names if c not in SCHEMAS[table]]
         if runs is None and extra and "trial_id" in names:
             # a frame with the run columns already joined: split it back apart
             runs = frame.select("trial_id", *extra).unique(subset="trial_id")

@@ -35,6 +35,7 @@ from resultstore.layout import (
     CHECKPOINT, FINAL_WEIGHTS, KEPT, KEPT_FILES, LOCK_FILE, MANIFEST, kept_files, read_manifest, trial_of,
 )
 from resultstore.schema import FINISHED, TABLES
+from resultstore.stamps import STAMP, declare_stamp, stamp
 from resultstore.writer import ResultsStore
 
 __all__ = ["Kept", "keep", "live_problem", "units"]
@@ -119,11 +120,16 @@ def _kept_file(found: list[tuple[str, pa.Table]]) -> pa.Table:
     in its metadata (layout.kept_files)."""
     meta: dict[bytes, bytes] = {}
     parts = []
-    for _, rows in sorted(found, key=lambda u: u[0]):
+    for name, rows in sorted(found, key=lambda u: u[0]):
         meta.update({k: v for k, v in (rows.schema.metadata or {}).items() if k != KEPT_FILES})
+        if STAMP in meta:  # runs files: each one's columns declared, the union stamped below
+            declare_stamp(rows.schema.metadata, name)
         parts.append(rows.replace_schema_metadata(None))
     listed = [[name, rows.num_rows] for name, rows in sorted(found, key=lambda u: u[0])]
     combined = pa.concat_tables(parts, promote_options="permissive")
+    if STAMP in meta:  # every stamped column of every file, not only the last file's
+        meta[STAMP] = json.dumps([e for e in json.loads(stamp()[STAMP]) if e[0] in combined.column_names],
+                                 separators=(",", ":")).encode()
     return combined.replace_schema_metadata({**meta, KEPT_FILES: json.dumps(listed).encode()})
 
 

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 from resultstore.keys import KEYS, Duplicate, duplicates as find_duplicates, intruders
 from resultstore.layout import CHECKPOINT, FINAL_WEIGHTS, KEPT, kept_sha_error, page_error, read_manifest, trial_of
 from resultstore.schema import ARROW, TABLES
+from resultstore.stamps import declare_stamp
 from resultstore.uri import first_line
 
 __all__ = ["LoadCheck", "damaged", "duplicates", "quarantine", "quarantine_duplicates", "quarantine_incomplete",
@@ -45,6 +46,9 @@ def damaged(store, *, pages: bool = False) -> list[tuple[str, str, str]]:
                 with store.fs.open_input_file(path) as f:
                     footer = pq.ParquetFile(f)
                     schema = footer.schema_arrow
+                if table == "runs":  # a column another process declared is known from its stamp
+                    declare_stamp(footer.metadata.metadata, path)
+                    want = ARROW[table]
                 if table == "runs" and name != KEPT and footer.metadata.num_rows != 1:  # e.g. a copy of the table put there
                     raise ValueError(f"holds {footer.metadata.num_rows} rows; a runs file holds its trial's one "
                                      "row, written by `sweep run`")

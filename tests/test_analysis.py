@@ -13,16 +13,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 # sorted(analysis.__all__) dumped from main before the star imports were removed, plus n_label and
-# untuned_choices (issue 33: a fit's n, and the best-lr choices a fit label names); label_axes for
-# LABEL_AXES (issue 47: a frozen list went stale once a store read stamps another column)
+# untuned_choices (issue 33: a fit's n, and the best-lr choices a fit label names); label_axes and
+# label_columns for LABEL_AXES and LABEL_COLUMNS (issue 47: a frozen list went stale once a store read stamps another column)
 PUBLIC = [
     "ARROW", "BASIS_SERIES", "CHECKS_SCHEMA", "CONFIG_ID", "CONTROL", "CURVES_SCHEMA", "DIMS_SCHEMA",
-    "ExponentComparison", "FINISHED", "FamilyComparison", "ID_COLUMNS", "LABEL_COLUMNS", "METRICS_SCHEMA",
+    "ExponentComparison", "FINISHED", "FamilyComparison", "ID_COLUMNS", "METRICS_SCHEMA",
     "NoSweepError", "PowerLawFit", "QueryError", "RUNS_SCHEMA", "Results", "SAE_SCHEMA", "SCHEMAS",
-    "SITE_NAMES", "SIZE_COLUMNS", "STATUSES", "Status", "TABLES", "UNSUCCESSFUL", "basis_comparison",
+    "SITE_NAMES", "SIZE_COLUMNS", "STATUSES", "Status", "TABLES", "UNSUCCESSFUL", "axis_labels", "basis_comparison",
     "best_lr", "best_lr_results", "between_seed_halfwidth", "carried", "charts", "compare_exponents", "compare_families",
     "compare_family_values", "config_keys", "config_label", "find_sweep", "fit_curves", "fit_each", "fit_groups", "fit_power_law",
-    "fits_table", "group_size_table", "label_axes", "layer_profile", "line_labels", "load", "loss_table",
+    "fits_table", "group_size_table", "label_axes", "label_columns", "layer_profile", "line_labels", "load", "loss_table",
     "metric_over_training", "n_label", "onset", "per_trial", "quant_penalty", "report", "rotation_label", "runs_table",
     "scale_table", "science_hash", "seed_exponents", "sql", "summarise", "t_critical", "trial_label",
     "trial_labels", "unrotated_table", "untuned_choices", "varying_axes", "versus", "with_ids",

@@ -10,7 +10,7 @@ import pytest
 import resultstore.schema as schema
 from analysis.charts.frames import decorate, variant_axes
 from analysis.labels import label_axes, trial_labels
-from analysis.load import LABEL_COLUMNS, label_columns
+from analysis.load import label_columns
 from analysis.selection import line_labels
 from resultstore.schema import Role, declare_runs_column
 from sweep.grid import expand
@@ -31,7 +31,7 @@ def declared(monkeypatch):
 
 
 def test_the_lists_are_what_they_were_before_roles():
-    assert LABEL_COLUMNS == label_columns() == (
+    assert label_columns() == (
         "optimizer", "optimizer_family", "lr", "momentum", "nesterov", "weight_decay", "eps", "beta1", "beta2",
         "rotate", "norm", "attention", "rotation", "group_size", "rotation_groups", "rotation_label",
         "parametrization", "mup_base_width", "precondition_frequency", "muon_ends")

@@ -56,7 +56,7 @@ def _fresh(code: str, *args: str) -> list:
 
 
 def _row(trial_id: str, **extra) -> dict:
-    return {"trial_id": trial_id, "config_id": "c", "sweep": "s", "status": "done", "optimizer": "adam", **extra}
+    return {"trial_id": trial_id, "config_id": "c", "sweep": "s", "status": "done", "optimizer": "adam"} | extra
 
 
 READ = """
@@ -124,3 +124,33 @@ def test_load_refuses_a_store_whose_stamp_contradicts_a_declared_column(tmp_path
             "try:\n    load(sys.argv[1])\nexcept ValueError as e:\n    print(json.dumps(str(e)))\n")
     message = _fresh(code, str(tmp_path / "bad"))
     assert message.startswith(str(runs / "t1.parquet")) and "'eps' is declared already (hyper, float)" in message
+
+
+CHECK_AND_KEEP = """
+import json, sys
+import pyarrow.parquet as pq
+from resultstore.keep import keep
+from resultstore.repair import damaged
+from resultstore.stamps import STAMP
+from resultstore.writer import ResultsStore
+source = ResultsStore(sys.argv[1], "stamped")
+bad = damaged(source, pages=True)
+keep(source, ResultsStore(sys.argv[2], "stamped"))
+kept = pq.read_schema(sys.argv[2] + "/stamped/runs/kept.parquet")
+print(json.dumps([bad, [e[0] for e in json.loads(kept.metadata[STAMP])][-2:]]))
+"""
+
+
+def test_a_stamped_column_is_no_damage_and_its_stamp_survives_a_keep(tmp_path, declared):
+    """A process that never declared a column (it never imported the optimiser's module) finds a
+    runs file with it sound (the stamp says what it is: no quarantine), and `sweep keep` stamps the
+    kept runs file with every file's columns, not only the last one's (diverged trials: finished,
+    with no rows to cover)."""
+    declared("probe_rank", "int", Role.HYPER)
+    store = ResultsStore(tmp_path / "src", "stamped")
+    store.write_run(_row("t2", probe_rank=5, status="diverged", sweep="stamped"))  # last by name, fewer columns
+    declared("mlp_kind", "string", Role.AXIS)
+    store.write_run(_row("t1", probe_rank=3, mlp_kind="glu", status="diverged", sweep="stamped"))
+    bad, stamped = _fresh(CHECK_AND_KEEP, str(tmp_path / "src"), str(tmp_path / "kept"))
+    assert bad == []
+    assert stamped == ["probe_rank", "mlp_kind"]
