@@ -5,7 +5,7 @@ For each checkout, in a subprocess importing that checkout's code: every table o
 docs/stores (sorted, hashed), every runs row's trial id re-derived from its config_json, and the
 trial ids every spec in its specs/ expands to (matched by spec name and `name:`, so a moved spec is
 still compared). Then, with --report, `sweep report -f html` of every store by each, and their CSVs
-and index.html compared byte for byte. Prints what differs; exits 1 if anything does.
+and index.html (less its line naming the path and time) compared byte for byte. Prints what differs; exits 1 if anything does.
 
     python tools/tree_diff.py OLD_CHECKOUT NEW_CHECKOUT [--report] [--stores families,width]
 """
@@ -16,6 +16,7 @@ import argparse
 import filecmp
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -63,6 +64,16 @@ def _dump(tree: Path, stores: str) -> dict:
     return json.loads(done.stdout)
 
 
+_STAMPED = re.compile(rb"<p class='muted'>[^<]* \xc2\xb7 generated [^<]*</p>")
+"""index.html's line naming the store's path and the time it was generated: all that may differ."""
+
+
+def _same(a: Path, b: Path) -> bool:
+    if a.name == "index.html":
+        return _STAMPED.sub(b"", a.read_bytes()) == _STAMPED.sub(b"", b.read_bytes())
+    return filecmp.cmp(a, b, shallow=False)
+
+
 def _reports(old: Path, new: Path, stores: list[str]) -> list[str]:
     differ = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -78,7 +89,7 @@ def _reports(old: Path, new: Path, stores: list[str]) -> list[str]:
                             if p.suffix in (".csv",) or p.name == "index.html"})
             for name in names:
                 a, b = (o / name for o in outs)
-                if not (a.exists() and b.exists() and filecmp.cmp(a, b, shallow=False)):
+                if not (a.exists() and b.exists() and _same(a, b)):
                     differ.append(f"report {store}/{name}")
             print(f"report {store}: {len(names)} files compared", file=sys.stderr)
     return differ
