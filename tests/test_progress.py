@@ -127,7 +127,7 @@ def test_status_names_the_lr_of_the_trial_that_diverged_inside_its_ladder_and_ex
     assert re.search(r"│ diverged \(ladder\) +│ +1 │", status.output), status.output  # its own row of the table
 
 
-def _rows(tmp_path, spec_text: str, statuses: dict[int, str]):
+def _write_runs(tmp_path, spec_text: str, statuses: dict[int, str]):
     """Runs rows (no training) for the spec's trials by grid index: status per index."""
     from resultstore.writer import ResultsStore
     from sweep.trainable import failed_row
@@ -158,7 +158,7 @@ OTHER = LADDER.replace("[{name: sgd, lr: [0.3, 1.0e+9], momentum: 0.9}]",  # two
 ])
 def test_status_exits_0_only_when_what_did_not_finish_diverged_inside_an_lr_ladder(tmp_path, spec, statuses, bad,
                                                                                    code, shown):
-    trials, store = _rows(tmp_path, spec, statuses)
+    trials, store = _write_runs(tmp_path, spec, statuses)
     status = CliRunner().invoke(app, ["status", store.uri])
     assert status.exit_code == code, status.output
     line = next(line for line in status.output.splitlines() if trials[bad].trial_id in line)
@@ -166,7 +166,7 @@ def test_status_exits_0_only_when_what_did_not_finish_diverged_inside_an_lr_ladd
 
 
 def test_status_exits_1_for_a_ladder_divergence_beside_a_trial_started_with_no_result(tmp_path):
-    trials, store = _rows(tmp_path, LADDER, {0: "done", 1: "diverged"})
+    trials, store = _write_runs(tmp_path, LADDER, {0: "done", 1: "diverged"})
     (tmp_path / "r" / "ladder" / "trials" / "f00d").mkdir(parents=True)  # started, no runs row
     status = CliRunner().invoke(app, ["status", store.uri])
     assert status.exit_code == 1 and "started, no result" in status.output, status.output
