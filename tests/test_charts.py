@@ -320,12 +320,14 @@ def test_scaling_chart_draws_one_null_point_per_size(built, store) -> None:  # n
 
 
 def test_group_size_chart_shows_each_config_and_site(tmp_path: Path) -> None:
-    from synthetic_store import write_store
+    from synthetic_store import Synthetic
 
     rots = ["none", ("partial", 1), ("partial", 2), ("partial", 4), ("partial", 1, False), ("partial", 4, False),
             ("partial", 4, "group")]
-    s = write_store(tmp_path, name="sharing", sizes=(32, 64), n_layers=4, optimizers=("adam",), seeds=(0, 1),
-                    rotations=rots, steps=(0, 10), sharing=True, quant=False)  # fmt: skip
+    s = (Synthetic("sharing").trials(sizes=(32, 64), n_layers=4, optimizers=("adam",), seeds=(0, 1), rotations=rots)
+         .planted(sharing=True)
+         .rows(steps=(0, 10), quant=False)
+         .write(tmp_path))  # fmt: skip
     table = selection.group_size_table(load(s.path)).collect()
     spec = charts.kurtosis_vs_group_size(table).to_dict()
     rows = chart_rows(spec)
@@ -375,10 +377,12 @@ def test_log_axis_labels_a_few_round_values(lo: float, hi: float, want: list[flo
 
 
 def _plans_store(tmp_path: Path, rots: list) -> str:
-    from synthetic_store import write_store
+    from synthetic_store import Synthetic
 
-    return write_store(tmp_path, name="plans", sizes=(32,), n_layers=4, optimizers=("adam",), seeds=(0, 1),
-                       rotations=rots, steps=(0, 10), sharing=True, quant=False).path  # fmt: skip
+    return (Synthetic("plans").trials(sizes=(32,), n_layers=4, optimizers=("adam",), seeds=(0, 1), rotations=rots)
+            .planted(sharing=True)
+            .rows(steps=(0, 10), quant=False)
+            .write(tmp_path)).path  # fmt: skip
 
 
 def _told_apart(spec: dict) -> dict[str, str]:
@@ -433,10 +437,12 @@ def test_plans_in_panels_draw_the_unrotated_model_in_every_other_panel(tmp_path:
 
 
 def _matched(tmp_path: Path, seeds=(0, 1)) -> pl.DataFrame:
-    from synthetic_store import write_store
+    from synthetic_store import Synthetic
 
-    s = write_store(tmp_path, name="ladder", sizes=(32, 64), optimizers=("adam", "sgd"), seeds=seeds,
-                    lrs={"sgd": [0.1, 0.3, 1.0]}, best_lrs={"sgd": 0.3}, steps=(0, 10), quant=False)  # fmt: skip
+    s = (Synthetic("ladder").trials(sizes=(32, 64), optimizers=("adam", "sgd"), seeds=seeds, lrs={"sgd": [0.1, 0.3, 1.0]})
+         .planted(best_lrs={"sgd": 0.3})
+         .rows(steps=(0, 10), quant=False)
+         .write(tmp_path))  # fmt: skip
     r = load(s.path)
     return selection.versus(queries.loss_table(r), queries.scale_table(r, "kurtosis")).collect()
 
@@ -507,11 +513,13 @@ def test_the_report_can_put_its_own_caption_in_the_image(built) -> None:
 
 
 def test_group_size_and_slopes_charts_are_titled_and_captioned(tmp_path: Path) -> None:
-    from synthetic_store import write_store
+    from synthetic_store import Synthetic
 
     rots = ["none", ("partial", 1), ("partial", 2), ("partial", 1, False), ("partial", 2, False)]
-    s = write_store(tmp_path, name="sharing", sizes=(32,), n_layers=4, optimizers=("adam",), seeds=(0, 1),
-                    rotations=rots, steps=(0, 10), sharing=True, quant=False)  # fmt: skip
+    s = (Synthetic("sharing").trials(sizes=(32,), n_layers=4, optimizers=("adam",), seeds=(0, 1), rotations=rots)
+         .planted(sharing=True)
+         .rows(steps=(0, 10), quant=False)
+         .write(tmp_path))  # fmt: skip
     table = selection.group_size_table(load(s.path)).collect()
     none = selection.unrotated_table(load(s.path)).collect()
     for baseline, said in ((none, "no rotation"), (None, "No unrotated run")):

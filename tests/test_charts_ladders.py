@@ -11,16 +11,17 @@ from conftest import chart_rows
 from analysis import queries, selection
 from analysis.charts.ladders import lr_ladders
 from analysis.load import load
-from synthetic_store import write_store
+from synthetic_store import Synthetic
 
 LRS = {"adam": [1e-3, 3e-3, 1e-2], "sgd": [0.03, 0.1, 0.3], "lion": [3e-4]}
 
 
 @pytest.fixture(scope="module")
 def ladders(tmp_path_factory: pytest.TempPathFactory):
-    truth = write_store(tmp_path_factory.mktemp("ladders"), sizes=(32, 64), seeds=(0, 1, 2),
-                        optimizers=("adam", "sgd", "lion"), lrs=LRS, best_lrs={"adam": 3e-3, "sgd": 1.0, "lion": 3e-4},
-                        steps=(0, 10, 20), curves=False)
+    truth = (Synthetic().trials(sizes=(32, 64), seeds=(0, 1, 2), optimizers=("adam", "sgd", "lion"), lrs=LRS)
+             .planted(best_lrs={"adam": 3e-3, "sgd": 1.0, "lion": 3e-4})
+             .rows(steps=(0, 10, 20), curves=False)
+             .write(tmp_path_factory.mktemp("ladders")))
     results = load(truth.path)
     return results, queries.loss_table(results).collect(), selection.best_lr(results)
 
@@ -87,8 +88,11 @@ def test_an_lr_far_above_its_ladder_s_best_is_a_triangle_at_best_plus_y_span(lad
 def test_the_report_draws_the_ladders_only_where_a_ladder_has_two_lrs(tmp_path) -> None:
     from analysis.report.content import build
 
-    laddered = write_store(tmp_path / "a", sizes=(32,), seeds=(0,), optimizers=("adam",), lrs={"adam": [1e-3, 3e-3]},
-                           steps=(0, 10, 20), curves=False)
+    laddered = (Synthetic().trials(sizes=(32,), seeds=(0,), optimizers=("adam",), lrs={"adam": [1e-3, 3e-3]})
+                .rows(steps=(0, 10, 20), curves=False)
+                .write(tmp_path / "a"))
     assert "lr_ladders" in build(load(laddered.path)).charts
-    single = write_store(tmp_path / "b", sizes=(32,), seeds=(0,), optimizers=("adam",), steps=(0, 10, 20), curves=False)
+    single = (Synthetic().trials(sizes=(32,), seeds=(0,), optimizers=("adam",))
+              .rows(steps=(0, 10, 20), curves=False)
+              .write(tmp_path / "b"))
     assert "lr_ladders" not in build(load(single.path)).charts

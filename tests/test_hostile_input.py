@@ -216,9 +216,11 @@ def test_status_names_a_lock_that_cannot_be_parsed(tmp_path, kind):
     import sys
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from synthetic_store import write_store
+    from synthetic_store import Synthetic
 
-    write_store(tmp_path, name="s", sizes=(32,), seeds=(0,), optimizers=("adam",), steps=(0, 10))
+    (Synthetic("s").trials(sizes=(32,), seeds=(0,), optimizers=("adam",))
+     .rows(steps=(0, 10))
+     .write(tmp_path))
     content, says = LOCKS[kind]
     _write_lock(tmp_path / "s", content)
     result = invoke("status", tmp_path / "s")

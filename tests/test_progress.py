@@ -278,11 +278,12 @@ def test_the_plain_progress_line_gives_the_time_left_each_time_a_trial_ends():
 def test_run_report_redraws_the_report_after_trials_end_one_drawing_at_a_time(tmp_path):
     """`sweep run --report`: a trial's end starts `sweep report` in a process of its own; one
     that ends while it draws queues exactly one more, which the run's end waits for."""
-    from synthetic_store import write_store
+    from synthetic_store import Synthetic
     from sweep.progress import ReportCallback
 
-    truth = write_store(tmp_path, sizes=(32, 64), seeds=(0,), optimizers=("adam", "sgd"), steps=(0, 1, 2),
-                        quant=False)
+    truth = (Synthetic().trials(sizes=(32, 64), seeds=(0,), optimizers=("adam", "sgd"))
+             .rows(steps=(0, 1, 2), quant=False)
+             .write(tmp_path))
     console = Console(file=io.StringIO(), width=200, color_system=None)
     callback = ReportCallback(str(truth.path), console)
     for tid in ("a", "b", "c"):  # three trials end at once: one drawing, one queued
