@@ -38,7 +38,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]  # the product, and the tests' f
 from analysis import queries  # noqa: E402
 from analysis.load import load  # noqa: E402
 from analysis.report import write_report  # noqa: E402
-from synthetic_store import SITE_METRICS, write_store  # noqa: E402
+from synthetic_store import SITE_METRICS, Synthetic  # noqa: E402
 
 SIZES = (64, 96, 128, 192, 256)
 OPTIMIZERS = ("adam", "sgd", "rotated_adam", "muon")
@@ -77,24 +77,12 @@ def main() -> None:
     root = args.keep or Path(tempfile.mkdtemp(prefix="bench_report_"))
     print(f"writing a synthetic store: {trials} trials x {n_steps} evals x {rows_per_eval()} rows ...")
     t0 = time.perf_counter()
-    truth = write_store(
-        root,
-        name="bench",
-        sizes=SIZES,
-        n_layers=LAYERS,
-        optimizers=OPTIMIZERS,
-        lrs=LRS,
-        best_lrs={"sgd": 0.3},
-        exponents={"adam": 0.5, "sgd": None, "rotated_adam": 0.2, "muon": None},
-        norms=NORMS,
-        rotations=ROTATIONS,
-        seeds=SEEDS,
-        steps=tuple(range(0, 100 * n_steps, 100)),
-        failed=3,
-        parts=args.parts,
-        through_store=False,
-        seed=0,
-    )
+    truth = (Synthetic("bench", seed=0)
+             .trials(sizes=SIZES, n_layers=LAYERS, optimizers=OPTIMIZERS, lrs=LRS, norms=NORMS, rotations=ROTATIONS,
+                     seeds=SEEDS, failed=3)
+             .planted(best_lrs={"sgd": 0.3}, exponents={"adam": 0.5, "sgd": None, "rotated_adam": 0.2, "muon": None})
+             .rows(steps=tuple(range(0, 100 * n_steps, 100)))
+             .write(root, parts=args.parts, through_store=False))
     size_mb = sum(f.stat().st_size for f in Path(truth.path).rglob("*.parquet")) / 1e6
     print(
         f"  {truth.n_metric_rows / 1e6:.2f}M metric rows in {args.parts} parts per trial, "

@@ -15,7 +15,7 @@ import pytest
 
 from analysis.load import METRICS_SCHEMA, RUNS_SCHEMA
 from analysis.null import kurtosis_null
-from synthetic_store import SyntheticStore, write_store
+from synthetic_store import Synthetic, SyntheticStore
 
 EXPONENT = 0.5
 
@@ -24,31 +24,24 @@ EXPONENT = 0.5
 def store(tmp_path_factory: pytest.TempPathFactory) -> SyntheticStore:
     """A clean store: every trial done, checks and curves present."""
     root = tmp_path_factory.mktemp("results")
-    return write_store(root, name="toy", exponents={"adam": EXPONENT, "sgd": None}, seed=2)
+    return Synthetic("toy", seed=2).planted(exponents={"adam": EXPONENT, "sgd": None}).write(root)
 
 
 @pytest.fixture(scope="module")
 def messy_store(tmp_path_factory: pytest.TempPathFactory) -> SyntheticStore:
     """Two norms and two rotations, one failed and one diverged trial, no checks table."""
     root = tmp_path_factory.mktemp("results")
-    return write_store(
-        root,
-        name="messy",
-        norms=("layernorm", "rmsnorm_scalar"),
-        rotations=("none", ("partial", 2)),
-        failed=1,
-        diverged=1,
-        checks=False,
-        parts=2,  # two flushes per trial: metrics/<id>.<first>-<last>.parquet twice
-        seed=5,
-    )
+    return (Synthetic("messy", seed=5)
+            .trials(norms=("layernorm", "rmsnorm_scalar"), rotations=("none", ("partial", 2)), failed=1, diverged=1)
+            .rows(checks=False)
+            .write(root, parts=2))  # two flushes per trial: metrics/<id>.<first>-<last>.parquet twice
 
 
 @pytest.fixture(scope="module")
 def single_size_store(tmp_path_factory: pytest.TempPathFactory) -> SyntheticStore:
     """One model size only: nothing to fit."""
     root = tmp_path_factory.mktemp("results")
-    return write_store(root, name="single", sizes=(64,), seed=3)
+    return Synthetic("single", seed=3).trials(sizes=(64,)).write(root)
 
 
 def _trial_rows(configs: list, values: dict[str, float]) -> tuple[list[dict], list[tuple]]:

@@ -1,8 +1,80 @@
+"""Fixtures and helpers shared by the test modules: one definition each (tests/test_conftest.py
+fails if a module defines its own `invoke`, `chart_rows`/`_rows`, `batch`, `tiny` or `local_ray`).
+Helpers are imported with `from conftest import ...`; fixtures are requested by name."""
+
+import os
+from typing import Any
+
 import pytest
 import torch
 
 # CI machines have 2 cores; one torch thread per test process is faster than two fighting.
 torch.set_num_threads(1)
+
+
+def invoke(*args):
+    """Run the `sweep` CLI in-process on `args` (each str()-ed); the click Result."""
+    from typer.testing import CliRunner
+
+    from sweep.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def chart_rows(chart: Any) -> list[dict[str, Any]]:
+    """Every data row of an Altair chart (or of its spec dict), all datasets in order."""
+    spec = chart if isinstance(chart, dict) else chart.to_dict(validate=False)
+    return [row for rows in spec["datasets"].values() for row in rows]
+
+
+def batch(generator: torch.Generator, B: int, T: int, vocab: int = 256, *, shifted: bool = True):
+    """B token sequences of length T and their targets, drawn from `generator`: the next tokens of
+    one (B, T + 1) draw, or (shifted=False) a second, independent (B, T) draw."""
+    if not shifted:
+        x = torch.randint(0, vocab, (B, T), generator=generator)
+        return x, torch.randint(0, vocab, (B, T), generator=generator)
+    x = torch.randint(0, vocab, (B, T + 1), generator=generator)
+    return x[:, :-1], x[:, 1:]
+
+
+def tiny(steps: int = 12, eval_every: int = 4, *, train: dict | None = None, **config):
+    """A trial that trains in seconds on a CPU: d_model 32, 2 layers, 2 heads, seq_len 16, adam at
+    3e-3, batch 4, `steps` steps evaluated every `eval_every`, no checkpoints, no invariance check.
+    `train` updates the train section; other keywords replace whole top-level sections."""
+    from study.config import TrialConfig
+
+    train = {"steps": steps, "batch_size": 4, "eval_every": eval_every, "eval_batch": {"sequences": 2},
+             "checkpoint_every": 0, "invariance_check": False, **(train or {})}
+    base = {"model": {"d_model": 32, "n_layers": 2, "n_heads": 2}, "data": {"seq_len": 16},
+            "optimizer": {"name": "adam", "lr": 3e-3}}
+    return TrialConfig(**{**base, **config, "train": train})
+
+
+@pytest.fixture(scope="module")
+def ray_env() -> dict[str, str]:
+    """Environment set before the module's local Ray starts (its workers inherit it) and restored
+    after it stops; a module overrides this fixture to add its own (and to start fixtures first)."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def local_ray(ray_env):
+    """A local Ray on loopback (2 CPUs, no dashboard), one per test module, stopped by handle."""
+    import ray
+
+    from sweep.launch import _loopback_only
+
+    saved = {k: os.environ.get(k) for k in (*ray_env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")}  # the last: _loopback_only's
+    os.environ.update(ray_env)
+    _loopback_only()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             _node_ip_address="127.0.0.1")
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
 
 
 @pytest.fixture
@@ -22,7 +94,6 @@ def readbacks(monkeypatch):
 
 # ---- a real S3 API on loopback (moto's standalone server, in a subprocess we own by PID) ------
 
-import os  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402

@@ -4,8 +4,10 @@
 
 For the tests and the report benchmark (``benchmarks/bench_report.py``); not part of the product:
 
-    truth = write_store("/tmp/results", sizes=(32, 64, 128), seeds=(0, 1, 2))
+    truth = Synthetic().trials(sizes=(32, 64, 128), seeds=(0, 1, 2)).write("/tmp/results")
     analysis.write_report(truth.path)
+
+(``Synthetic``: which trials, what is planted, which rows are written; its docstring.)
 
 The residual-stream kurtosis of optimiser ``o`` at its final step, in block l of L, is
 
@@ -55,11 +57,13 @@ Everything is vectorised so ~10M metric rows take seconds.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -73,8 +77,8 @@ from resultstore.schema import ARROW
 from study.optim import OPTIMIZER_FAMILY
 from resultstore.writer import ResultsStore
 
-__all__ = ["BASIS_TEST_METRICS", "CONTROL_SD", "FAMILIES", "NULL_MASS", "SINK_SHARE", "SITE_METRICS", "SyntheticStore",
-           "UNIFORM_FIRST", "write_store"]
+__all__ = ["BASIS_TEST_METRICS", "CONTROL_SD", "FAMILIES", "NULL_MASS", "Planted", "Rows", "SINK_SHARE", "SITE_METRICS", "Synthetic",
+           "SyntheticStore", "Trials", "UNIFORM_FIRST", "write_store"]
 
 FAMILIES = OPTIMIZER_FAMILY
 """The family each synthetic optimiser's runs row carries: its rule on a hidden matrix, from the
@@ -150,80 +154,159 @@ def _params(d: int, n_layers: int, vocab: int, seq_len: int) -> tuple[int, int]:
     return non_emb + vocab * d + seq_len * d, non_emb
 
 
-def write_store(
-    root: str | os.PathLike[str],
-    *,
-    name: str = "synthetic",
-    sizes: Sequence[int] = (32, 64, 128),
-    n_layers: int | Sequence[int] = 4,
-    optimizers: Sequence[str] = ("adam", "sgd"),
-    exponents: Mapping[str, float | None] | None = None,
-    norms: Sequence[str] = ("layernorm",),
-    attentions: Sequence[str] = ("softmax",),
-    sinks: bool = False,
-    rotations: Sequence[str | tuple[str, int]] = ("none",),
-    seeds: Sequence[int] = (0, 1, 2),
-    steps: Sequence[int] = (0, 50, 100),
-    amplitude: float = 2.0,
-    noise: float = 0.1,
-    layer_noise: float = 0.02,
-    metrics: Sequence[str] = SITE_METRICS,
-    lrs: Mapping[str, Sequence[float]] | None = None,
-    best_lrs: Mapping[str, float] | None = None,
-    lr_exponents: Mapping[str, float] | None = None,
-    lr_penalty: float = 0.05,
-    sharing: bool = False,
-    quant: bool = True,
-    quant_se: bool = False,
-    basis_test: bool = False,
-    failed: int = 0,
-    diverged: int = 0,
-    curves: bool = True,
-    checks: bool = True,
-    parts: int = 1,
-    through_store: bool = True,
-    seed: int = 0,
-) -> SyntheticStore:
-    """Write ``<root>/<name>/`` through ``ResultsStore``: a runs row, a checks file and
-    ``parts`` flushed step ranges of metrics and curves per trial. ``through_store=False``
-    writes the same files with the same Arrow schema directly (row dicts are too slow for
-    the 10M-row benchmark).
+@dataclass(frozen=True)
+class Trials:
+    """Which trials there are: one per size x optimizer (x lr) x norm x attention x rotation x seed.
 
-    One trial per size x optimizer (x lr, see ``lrs``) x norm x rotation x seed.
-    ``rotations`` entries are names, ``("partial", k)``, ``("partial", k, False)`` (embeddings
-    not rotated: label ``partial(k)-noemb``), ``("partial", k, "group")`` (the ends in the group's
-    basis: ``partial(k)-groupends``) or ``("groups", [[0, 1], [2, 3]])``. ``sharing``:
-    the computation-basis excess of ``partial(k)`` grows with k (x k / L; x 1.5 with the ends
-    unrotated), as the paper's question 5 would have it. ``attentions`` (one trial per attention
-    too, after the norm) and ``sinks``: the attention axis and the sink rows (the module
-    docstring). ``basis_test``: the top-k shares and the
-    control's basis-test rows (issue 32; False, the default, writes a store from before them, row for
-    row what this function wrote before the option existed). ``n_layers`` is one depth or one per size. The first
-    ``failed`` trials are marked failed (null results, an error, a few metric rows that
-    must be ignored), the next ``diverged`` diverged."""
-    rng = np.random.default_rng(seed)
-    exps = dict(exponents or {"adam": 0.5, "sgd": None})
-    for o in optimizers:
-        exps.setdefault(o, 0.5 if "adam" in o else None)
-    depths = [n_layers] * len(sizes) if isinstance(n_layers, int) else list(n_layers)
-    vocab, seq_len, batch = 256, 64, 8
-    sweep = os.path.join(os.fspath(root), name)
+    ``n_layers`` is one depth or one per size; ``lrs`` gives an optimiser an lr ladder (one trial
+    per lr). ``rotations`` entries are names, ``("partial", k)``, ``("partial", k, False)``
+    (embeddings not rotated: label ``partial(k)-noemb``), ``("partial", k, "group")`` (the ends in
+    the group's basis: ``partial(k)-groupends``) or ``("groups", [[0, 1], [2, 3]])``. The first
+    ``failed`` trials are marked failed (null results, an error, a few metric rows that must be
+    ignored), the next ``diverged`` diverged."""
 
-    # ---- runs
+    sizes: Sequence[int] = (32, 64, 128)
+    n_layers: int | Sequence[int] = 4
+    optimizers: Sequence[str] = ("adam", "sgd")
+    lrs: Mapping[str, Sequence[float]] | None = None
+    norms: Sequence[str] = ("layernorm",)
+    attentions: Sequence[str] = ("softmax",)
+    rotations: Sequence[str | tuple] = ("none",)
+    seeds: Sequence[int] = (0, 1, 2)
+    failed: int = 0
+    diverged: int = 0
+
+
+@dataclass(frozen=True)
+class Planted:
+    """The known answers (the module docstring's formulas). ``exponents``: the excess kurtosis'
+    power in P per optimiser (None: no excess; default 0.5 for an adam, None otherwise).
+    ``sharing``: the computation-basis excess of ``partial(k)`` grows with k (x k / L; x 1.5 with
+    the ends unrotated), as the paper's question 5 would have it. ``best_lrs``, ``lr_exponents``,
+    ``lr_penalty``: the final val loss of an lr ladder (the module docstring)."""
+
+    exponents: Mapping[str, float | None] | None = None
+    amplitude: float = 2.0
+    noise: float = 0.1
+    layer_noise: float = 0.02
+    sharing: bool = False
+    best_lrs: Mapping[str, float] | None = None
+    lr_exponents: Mapping[str, float] | None = None
+    lr_penalty: float = 0.05
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Which rows and tables are written: metrics at ``steps`` (``metrics`` at every site, the
+    quantisation penalty with ``quant``, its standard error with ``quant_se``), the probe's basis
+    test (``basis_test``, issue 32; off: a store from before it, row for row), the sink rows
+    (``sinks``, issue 36), and the curves and checks tables."""
+
+    steps: Sequence[int] = (0, 50, 100)
+    metrics: Sequence[str] = SITE_METRICS
+    quant: bool = True
+    quant_se: bool = False
+    basis_test: bool = False
+    sinks: bool = False
+    curves: bool = True
+    checks: bool = True
+
+
+@dataclass(frozen=True)
+class Synthetic:
+    """A synthetic store to write, built in parts, each step a new builder:
+
+        Synthetic("flat", seed=1).trials(sizes=(32, 64)).rows(steps=(0, 10)).write(root)
+
+    writes ``<root>/flat/`` and returns its ``SyntheticStore``. ``name`` is the sweep's (it is in
+    each trial's config, so in its config_id); ``seed`` seeds every random draw. A builder is a
+    value: keep one as a module's template and vary it (``replace(template, name=...)``)."""
+
+    name: str = "synthetic"
+    seed: int = 0
+    grid: Trials = Trials()
+    truth: Planted = Planted()
+    tables: Rows = Rows()
+
+    def trials(self, **fields: Any) -> Synthetic:
+        """These ``Trials`` fields replaced."""
+        return replace(self, grid=replace(self.grid, **fields))
+
+    def planted(self, **fields: Any) -> Synthetic:
+        """These ``Planted`` fields replaced."""
+        return replace(self, truth=replace(self.truth, **fields))
+
+    def rows(self, **fields: Any) -> Synthetic:
+        """These ``Rows`` fields replaced."""
+        return replace(self, tables=replace(self.tables, **fields))
+
+    def write(self, root: str | os.PathLike[str], *, parts: int = 1, through_store: bool = True) -> SyntheticStore:
+        """Write ``<root>/<name>/`` through ``ResultsStore``: a runs row, a checks file and ``parts``
+        flushed step ranges of metrics and curves per trial. ``through_store=False`` writes the same
+        files with the same Arrow schema directly (row dicts are too slow for the 10M-row benchmark)."""
+        g = self.grid
+        rng = np.random.default_rng(self.seed)
+        exps = dict(self.truth.exponents or {"adam": 0.5, "sgd": None})
+        for o in g.optimizers:
+            exps.setdefault(o, 0.5 if "adam" in o else None)
+        depths = [g.n_layers] * len(g.sizes) if isinstance(g.n_layers, int) else list(g.n_layers)
+        runs = _runs(self, exps, depths, rng)
+        m = _metric_rows(self, runs, depths, rng)
+        tables = {"runs": runs.with_columns(**{c: pl.lit(None) for c in RUNS_SCHEMA if c not in runs.columns})
+                  .select(list(RUNS_SCHEMA)).cast(RUNS_SCHEMA),  # type: ignore[arg-type]
+                  "metrics": m.cast(METRICS_SCHEMA)}  # type: ignore[arg-type]
+        curves, checks = _curves_and_checks(runs, self.tables.steps)
+        if self.tables.curves:
+            tables["curves"] = curves.cast(CURVES_SCHEMA)  # type: ignore[arg-type]
+        if self.tables.checks:
+            tables["checks"] = checks.cast(CHECKS_SCHEMA)  # type: ignore[arg-type]
+        _write_tables(ResultsStore(root, self.name), tables, parts, through_store)
+        sweep = os.path.join(os.fspath(root), self.name)
+        os.makedirs(os.path.join(sweep, "ray"), exist_ok=True)  # a non-table folder to ignore
+        with open(os.path.join(sweep, "ray", "experiment_state.json"), "w") as f:
+            f.write("{}")
+        sizes_ne = tuple(sorted({_params(d, L, _VOCAB, _SEQ_LEN)[1] for d, L in zip(g.sizes, depths, strict=True)}))
+        weights = tuple(l / depths[0] for l in range(1, depths[0] + 1))
+        return SyntheticStore(path=sweep, exponents=exps, amplitude=self.truth.amplitude,
+                              mean_layer_weight=float(np.mean(weights)), params_non_embedding=sizes_ne,
+                              n_trials=runs.height, n_done=runs.height - g.failed - g.diverged,
+                              n_metric_rows=m.height, layer_weights=weights)
+
+
+def write_store(root: str | os.PathLike[str], *, name: str = "synthetic", seed: int = 0, parts: int = 1,
+                through_store: bool = True, **fields: Any) -> SyntheticStore:
+    """The old flat form of ``Synthetic(name, seed)....write(root, parts=, through_store=)``, each
+    keyword routed to the part that has it; for the test modules not yet on the builder."""
+    b = Synthetic(name, seed)
+    for method, part in (("trials", Trials), ("planted", Planted), ("rows", Rows)):
+        names = {f.name for f in dataclasses.fields(part)}
+        b = getattr(b, method)(**{k: fields.pop(k) for k in list(fields) if k in names})
+    if fields:
+        raise TypeError(f"write_store: unknown keywords {sorted(fields)}")
+    return b.write(root, parts=parts, through_store=through_store)
+
+
+_VOCAB, _SEQ_LEN, _BATCH = 256, 64, 8
+
+
+def _runs(spec: Synthetic, exps: dict[str, float | None], depths: list[int], rng: np.random.Generator) -> pl.DataFrame:
+    """One runs row per trial (plus the hidden columns the other tables are computed from:
+    ``_excess_b``, ``_sink``, ``_null_mass``, ``_lr_off``, ``_z``, ``_amp``), statuses and losses set."""
+    g, t, name = spec.grid, spec.truth, spec.name
     rows = []
-    p_min = min(_params(d, L, vocab, seq_len)[1] for d, L in zip(sizes, depths, strict=True))
-    ladders = {o: list((lrs or {}).get(o) or [_DEFAULT_LR.get(o, 3e-3)]) for o in optimizers}
-    best = {o: (best_lrs or {}).get(o, _DEFAULT_LR.get(o, 3e-3)) for o in optimizers}
-    attention_column = sinks or tuple(attentions) != ("softmax",)  # else a store from before the axis
+    p_min = min(_params(d, L, _VOCAB, _SEQ_LEN)[1] for d, L in zip(g.sizes, depths, strict=True))
+    ladders = {o: list((g.lrs or {}).get(o) or [_DEFAULT_LR.get(o, 3e-3)]) for o in g.optimizers}
+    best = {o: (t.best_lrs or {}).get(o, _DEFAULT_LR.get(o, 3e-3)) for o in g.optimizers}
+    attention_column = spec.tables.sinks or tuple(g.attentions) != ("softmax",)  # else a store from before the axis
     for (d, L), opt, lr, norm, att, rot, s in (
         (dl, o, lr, n, a, r, s)
-        for dl in zip(sizes, depths, strict=True)
-        for o in optimizers
+        for dl in zip(g.sizes, depths, strict=True)
+        for o in g.optimizers
         for lr in ladders[o]
-        for n in norms
-        for a in attentions
-        for r in rotations
-        for s in seeds
+        for n in g.norms
+        for a in g.attentions
+        for r in g.rotations
+        for s in g.seeds
     ):
         rot_name, gs, emb = (rot, None, True) if isinstance(rot, str) else (*rot, True)[:3]
         ends_group, emb = emb == "group", emb if emb != "group" else True
@@ -234,7 +317,7 @@ def write_store(
             else "groups" + json.dumps(groups, separators=(",", ":")) if groups is not None
             else rot_name
         ) + ("-groupends" if ends_group else "" if emb else "-noemb")  # fmt: skip
-        params, non_emb = _params(d, L, vocab, seq_len)
+        params, non_emb = _params(d, L, _VOCAB, _SEQ_LEN)
         tokens = 20 * non_emb
         config = {
             "model": {"d_model": d, "n_layers": L, "n_heads": max(1, d // 16), "d_mlp": 4 * d},
@@ -243,70 +326,47 @@ def write_store(
             "rotation": {"mode": rot_name, "group_size": gs, "groups": groups, **({} if emb else {"embeddings": False}),
                          **({"ends": "group"} if ends_group else {})},
             "optimizer": {"name": opt, "lr": lr},
-            "data": {"corpus": "stdlib", "seq_len": seq_len},
-            "train": {"tokens_per_param": 20, "batch_size": batch},
+            "data": {"corpus": "stdlib", "seq_len": _SEQ_LEN},
+            "train": {"tokens_per_param": 20, "batch_size": _BATCH},
             "seed": s,
             "sweep": name,
         }
-        rows.append(
-            {
-                "trial_id": f"t{len(rows):05d}",
-                "sweep": name,
-                "status": "done",
-                "d_model": d,
-                "n_layers": L,
-                "n_heads": max(1, d // 16),
-                "d_mlp": 4 * d,
-                "params": params,
-                "params_non_embedding": non_emb,
-                "flops_per_token": 6.0 * non_emb,
-                "optimizer": opt,
-                "optimizer_family": FAMILIES.get(opt),
-                "lr": lr,
-                "norm": norm,
-                **({"attention": att} if attention_column else {}),
-                "rotation": rot_name,
-                "group_size": gs,
-                "rotation_groups": None if groups is None else json.dumps(groups, separators=(",", ":")),
-                "rotation_label": label,
-                "rotate_embeddings": emb,
-                "config_id": science_hash(config),
-                "seed": s,
-                "corpus": "stdlib",
-                "seq_len": seq_len,
-                "batch_size": batch,
-                "tokens": tokens,
-                "steps": max(steps),
-                "final_train_loss": 0.0,
-                "final_val_loss": 0.0,
-                "tokens_per_s": 1e5,
-                "wall_s": tokens / 1e5,
-                "device": "cpu",
-                "torch_version": "2.5.0",
-                "version": "0.1.0",
-                "git_sha": "0000000",
-                "corpus_fingerprint": "abc",
-                "error": None,
-                "config_json": json.dumps(config),
-                "_excess_b": exps[opt],
-                "_sink": SINK_SHARE[att],
-                "_null_mass": NULL_MASS.get(att, 0.0),
-                "_lr_off": math.log(lr / (best[opt] * (non_emb / p_min) ** (lr_exponents or {}).get(opt, 0.0))) ** 2,
-                "_z": float(rng.standard_normal()),
-            }
-        )
-    runs = pl.DataFrame(rows)
+        rows.append({
+            "trial_id": f"t{len(rows):05d}", "sweep": name, "status": "done",
+            "d_model": d, "n_layers": L, "n_heads": max(1, d // 16), "d_mlp": 4 * d,
+            "params": params, "params_non_embedding": non_emb, "flops_per_token": 6.0 * non_emb,
+            "optimizer": opt, "optimizer_family": FAMILIES.get(opt), "lr": lr, "norm": norm,
+            **({"attention": att} if attention_column else {}),
+            "rotation": rot_name, "group_size": gs,
+            "rotation_groups": None if groups is None else json.dumps(groups, separators=(",", ":")),
+            "rotation_label": label, "rotate_embeddings": emb, "config_id": science_hash(config), "seed": s,
+            "corpus": "stdlib", "seq_len": _SEQ_LEN, "batch_size": _BATCH, "tokens": tokens,
+            "steps": max(spec.tables.steps), "final_train_loss": 0.0, "final_val_loss": 0.0,
+            "tokens_per_s": 1e5, "wall_s": tokens / 1e5, "device": "cpu", "torch_version": "2.5.0",
+            "version": "0.1.0", "git_sha": "0000000", "corpus_fingerprint": "abc", "error": None,
+            "config_json": json.dumps(config),
+            "_excess_b": exps[opt], "_sink": SINK_SHARE[att], "_null_mass": NULL_MASS.get(att, 0.0),
+            "_lr_off": math.log(lr / (best[opt] * (non_emb / p_min) ** (t.lr_exponents or {}).get(opt, 0.0))) ** 2,
+            "_z": float(rng.standard_normal()),
+        })  # fmt: skip
+    return _outcomes(pl.DataFrame(rows), spec, p_min)
+
+
+def _outcomes(runs: pl.DataFrame, spec: Synthetic, p_min: int) -> pl.DataFrame:
+    """Statuses (the first ``failed``, then ``diverged``), losses, errors and each trial's planted
+    amplitude ``_amp``."""
+    g, t = spec.grid, spec.truth
     n = runs.height
-    status = ["failed"] * failed + ["diverged"] * diverged + ["done"] * (n - failed - diverged)
+    status = ["failed"] * g.failed + ["diverged"] * g.diverged + ["done"] * (n - g.failed - g.diverged)
     runs = runs.with_columns(status=pl.Series(status[:n]))
     p_rel = pl.col("params_non_embedding") / p_min
     val = 2.0 + 40.0 * pl.col("params_non_embedding").cast(pl.Float64) ** -0.3 * (
         1 + 0.01 * pl.col("_z")
     )
-    val = val + lr_penalty * pl.col("_lr_off")
+    val = val + t.lr_penalty * pl.col("_lr_off")
     runs = runs.with_columns(final_val_loss=val, final_train_loss=val - 0.02)
     bad = pl.col("status") != "done"
-    runs = runs.with_columns(
+    return runs.with_columns(
         final_val_loss=pl.when(pl.col("status") == "diverged")
         .then(float("nan"))
         .when(bad)
@@ -318,11 +378,15 @@ def write_store(
         .otherwise(None),
         _amp=pl.when(pl.col("_excess_b").is_null())
         .then(0.0)
-        .otherwise(amplitude * p_rel.cast(pl.Float64) ** pl.col("_excess_b"))
-        * (noise * pl.col("_z")).exp() * pl.col("_sink"),
+        .otherwise(t.amplitude * p_rel.cast(pl.Float64) ** pl.col("_excess_b"))
+        * (t.noise * pl.col("_z")).exp() * pl.col("_sink"),
     )
 
-    # ---- metrics: trial x step x (site, basis, layer) x metric, vectorised
+
+def _metric_rows(spec: Synthetic, runs: pl.DataFrame, depths: list[int], rng: np.random.Generator) -> pl.DataFrame:
+    """trial x step x (site, basis, layer) x metric, vectorised; then the basis test's, the
+    quantisation and the sink rows, as ``spec.tables`` asks."""
+    r, layer_noise = spec.tables, spec.truth.layer_noise
     site_rows = []
     for L in sorted(set(depths)):
         for layer in range(L + 1):
@@ -338,10 +402,8 @@ def write_store(
     sites = pl.DataFrame(
         site_rows, schema=["n_layers", "site", "basis", "layer", "w"], orient="row"
     )
-    step_frame = pl.DataFrame({"step": list(steps)}).with_columns(
-        frac=pl.col("step") / max(max(steps), 1)
-    )
-    metric_frame = pl.DataFrame({"metric": [*metrics, "dettmers_outliers"]})
+    step_frame = _step_frame(r.steps)
+    metric_frame = pl.DataFrame({"metric": [*r.metrics, "dettmers_outliers"]})
     trials = runs.filter(pl.col("status") != "failed").select(
         "trial_id", "n_layers", "rotation", "d_model", "tokens", "_amp", "group_size", "rotate_embeddings"
     )
@@ -349,12 +411,6 @@ def write_store(
     trials = pl.concat(
         [trials, runs.filter(pl.col("status") == "failed").select(trials.columns).head(1)]
     )
-    rotated = pl.col("rotation") != "none"
-    stored_factor = pl.when(rotated).then(0.02).otherwise(1.0)
-    comp_factor = pl.when(pl.col("rotation") == "independent").then(0.3).otherwise(1.0)
-    if sharing:
-        by_group = pl.col("group_size") / pl.col("n_layers") * pl.when(pl.col("rotate_embeddings")).then(1.0).otherwise(1.5)
-        comp_factor = pl.when(pl.col("rotation") == "partial").then(by_group).otherwise(comp_factor)
     m = (
         trials.join(sites, on="n_layers")
         .join(step_frame, how="cross")
@@ -362,17 +418,58 @@ def write_store(
         .filter((pl.col("site") == "model") == (pl.col("metric") == "dettmers_outliers"))
     )
     m = m.with_columns(z=pl.Series(rng.standard_normal(m.height)))
-    basis_factor = (
+    planted = pl.col("_amp") * pl.col("w") * pl.col("frac") * _basis_factor(spec.truth.sharing) * (
+        layer_noise * pl.col("z")).exp()
+    shares = (
+        _basis_test_rows(m.filter(pl.col("metric") == "kurtosis").with_columns(planted=planted), layer_noise, spec.seed)
+        if r.basis_test and "kurtosis" in r.metrics else None
+    )  # fmt: skip
+    m = m.select(
+        "trial_id",
+        "step",
+        tokens=(pl.col("tokens") * pl.col("frac")).cast(pl.Int64),
+        layer="layer",
+        site="site",
+        basis="basis",
+        metric="metric",
+        value=_site_value(planted + 0.01 * layer_noise * pl.col("z")).cast(pl.Float64),
+    )
+    if shares is not None:  # these top shares replace any asked for in ``metrics`` (z was drawn: it is unchanged)
+        m = m.filter(~pl.col("metric").is_in(["top1_share", "top4_share"]))
+        m = pl.concat([m, shares.select(m.columns).cast(m.schema)])  # type: ignore[arg-type]
+    if r.quant:
+        m = pl.concat([m, *_quant_rows(quant_trials, r, depths, rng, m.schema)])
+    if r.sinks:
+        m = pl.concat([m, _sink_rows(runs, step_frame).cast(m.schema)])  # type: ignore[arg-type]
+    return m
+
+
+def _step_frame(steps: Sequence[int]) -> pl.DataFrame:
+    return pl.DataFrame({"step": list(steps)}).with_columns(frac=pl.col("step") / max(max(steps), 1))
+
+
+def _basis_factor(sharing: bool) -> pl.Expr:
+    """The share of the planted excess each (site, basis) sees: none in random bases, 0.02 of it in
+    the stored basis of a rotated model, the computation basis' share by rotation."""
+    rotated = pl.col("rotation") != "none"
+    stored_factor = pl.when(rotated).then(0.02).otherwise(1.0)
+    comp_factor = pl.when(pl.col("rotation") == "independent").then(0.3).otherwise(1.0)
+    if sharing:
+        by_group = pl.col("group_size") / pl.col("n_layers") * pl.when(pl.col("rotate_embeddings")).then(1.0).otherwise(1.5)
+        comp_factor = pl.when(pl.col("rotation") == "partial").then(by_group).otherwise(comp_factor)
+    return (
         pl.when(pl.col("basis") == "random")
         .then(0.0)
         .when(pl.col("site") == "resid")
         .then(stored_factor)
         .otherwise(comp_factor)
     )
-    planted = pl.col("_amp") * pl.col("w") * pl.col("frac") * basis_factor * (layer_noise * pl.col("z")).exp()
-    excess = planted + 0.01 * layer_noise * pl.col("z")
+
+
+def _site_value(excess: pl.Expr) -> pl.Expr:
+    """Each site metric from the row's excess kurtosis (the module docstring)."""
     control = null_expr("d_model")  # no privileged basis: the exact null
-    value = (
+    return (
         pl.when(pl.col("metric") == "kurtosis")
         .then(control + excess)
         .when(pl.col("metric") == "neuron_kurtosis")
@@ -387,51 +484,39 @@ def write_store(
         .then(4.0 + excess)
         .otherwise(excess.round().clip(0))
     )
-    shares = (
-        _basis_test_rows(m.filter(pl.col("metric") == "kurtosis").with_columns(planted=planted), layer_noise, seed)
-        if basis_test and "kurtosis" in metrics else None
-    )  # fmt: skip
-    m = m.select(
-        "trial_id",
-        "step",
-        tokens=(pl.col("tokens") * pl.col("frac")).cast(pl.Int64),
-        layer="layer",
-        site="site",
-        basis="basis",
-        metric="metric",
-        value=value.cast(pl.Float64),
-    )
-    if shares is not None:  # these top shares replace any asked for in ``metrics`` (z was drawn: it is unchanged)
-        m = m.filter(~pl.col("metric").is_in(["top1_share", "top4_share"]))
-        m = pl.concat([m, shares.select(m.columns).cast(m.schema)])  # type: ignore[arg-type]
-    if quant:
-        q = quant_trials.join(
-            pl.DataFrame({"basis": ["w8a8", "w4a4"], "scale": [1.0, 8.0]}), how="cross"
-        )
-        q = q.with_columns(z=pl.Series(rng.standard_normal(q.height)))
-        mean_w = float(np.mean([layer / max(depths) for layer in range(1, max(depths) + 1)]))
-        unrotated = pl.when(pl.col("rotation") == "none").then(1.0).otherwise(0.02)
-        q = q.select(
-            "trial_id",
-            step=pl.lit(max(steps), pl.Int64),
-            tokens="tokens",
-            layer=pl.lit(-1, pl.Int64),
-            site=pl.lit("model"),
-            basis="basis",
-            metric=pl.lit("quant_loss_delta"),
-            value=0.01 * pl.col("scale") * (1 + pl.col("_amp") * mean_w * unrotated)
-            * (0.1 * pl.col("z")).exp(),
-        )
-        m = pl.concat([m, q.cast(m.schema)])  # type: ignore[arg-type]
-        if quant_se:  # each penalty's standard error over the eval sequences: a fifth of its size
-            m = pl.concat([m, q.with_columns(metric=pl.lit("quant_loss_delta_se"), value=0.2 * pl.col("value"))
-                          .cast(m.schema)])  # type: ignore[arg-type]
-    if sinks:
-        m = pl.concat([m, _sink_rows(runs, step_frame).cast(m.schema)])  # type: ignore[arg-type]
 
-    # ---- curves and checks
+
+def _quant_rows(trials: pl.DataFrame, r: Rows, depths: list[int], rng: np.random.Generator,
+                schema: pl.Schema) -> list[pl.DataFrame]:
+    """The quantisation penalties (and, with ``quant_se``, their standard errors) at the final step."""
+    q = trials.join(
+        pl.DataFrame({"basis": ["w8a8", "w4a4"], "scale": [1.0, 8.0]}), how="cross"
+    )
+    q = q.with_columns(z=pl.Series(rng.standard_normal(q.height)))
+    mean_w = float(np.mean([layer / max(depths) for layer in range(1, max(depths) + 1)]))
+    unrotated = pl.when(pl.col("rotation") == "none").then(1.0).otherwise(0.02)
+    q = q.select(
+        "trial_id",
+        step=pl.lit(max(r.steps), pl.Int64),
+        tokens="tokens",
+        layer=pl.lit(-1, pl.Int64),
+        site=pl.lit("model"),
+        basis="basis",
+        metric=pl.lit("quant_loss_delta"),
+        value=0.01 * pl.col("scale") * (1 + pl.col("_amp") * mean_w * unrotated)
+        * (0.1 * pl.col("z")).exp(),
+    )
+    out = [q.cast(schema)]  # type: ignore[arg-type]
+    if r.quant_se:  # each penalty's standard error over the eval sequences: a fifth of its size
+        out.append(q.with_columns(metric=pl.lit("quant_loss_delta_se"), value=0.2 * pl.col("value"))
+                   .cast(schema))  # type: ignore[arg-type]
+    return out
+
+
+def _curves_and_checks(runs: pl.DataFrame, steps: Sequence[int]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The loss curves and the rotation check of every trial that ran."""
     done = runs.filter(pl.col("status") != "failed")
-    cur = done.select("trial_id", "tokens", "final_val_loss", "lr").join(step_frame, how="cross")
+    cur = done.select("trial_id", "tokens", "final_val_loss", "lr").join(_step_frame(steps), how="cross")
     cur = cur.select(
         "trial_id",
         "step",
@@ -456,16 +541,12 @@ def write_store(
         .then(0.05 + pl.col("eps"))
         .otherwise(pl.col("eps")),
     )
+    return cur, chk
 
-    # ---- write
-    runs = runs.with_columns(**{c: pl.lit(None) for c in RUNS_SCHEMA if c not in runs.columns})
-    runs = runs.select(list(RUNS_SCHEMA)).cast(RUNS_SCHEMA)  # type: ignore[arg-type]
-    tables = {"runs": runs, "metrics": m.cast(METRICS_SCHEMA)}  # type: ignore[arg-type]
-    if curves:
-        tables["curves"] = cur.cast(CURVES_SCHEMA)  # type: ignore[arg-type]
-    if checks:
-        tables["checks"] = chk.cast(CHECKS_SCHEMA)  # type: ignore[arg-type]
-    store = ResultsStore(root, name)
+
+def _write_tables(store: ResultsStore, tables: dict[str, pl.DataFrame], parts: int, through_store: bool) -> None:
+    """Each trial's rows of each table: runs and checks in one file, metrics and curves in ``parts``
+    flushes, each a step range."""
     for table, frame in tables.items():
         for (tid,), part in sorted(frame.partition_by("trial_id", as_dict=True).items()):
             if table in ("runs", "checks"):
@@ -485,23 +566,6 @@ def write_store(
                     store.write_rows(table, tid, piece.drop("trial_id").to_dicts())
                 else:
                     _write(store, f"{table}/{tid}.{lo:09d}-{hi:09d}.parquet", piece, table)
-    os.makedirs(os.path.join(sweep, "ray"), exist_ok=True)  # a non-table folder to ignore
-    with open(os.path.join(sweep, "ray", "experiment_state.json"), "w") as f:
-        f.write("{}")
-    sizes_ne = tuple(
-        sorted({_params(d, L, vocab, seq_len)[1] for d, L in zip(sizes, depths, strict=True)})
-    )
-    return SyntheticStore(
-        path=sweep,
-        exponents=exps,
-        amplitude=amplitude,
-        mean_layer_weight=float(np.mean([l / depths[0] for l in range(1, depths[0] + 1)])),
-        params_non_embedding=sizes_ne,
-        n_trials=n,
-        n_done=n - failed - diverged,
-        n_metric_rows=m.height,
-        layer_weights=tuple(l / depths[0] for l in range(1, depths[0] + 1)),
-    )
 
 
 def _write(store: ResultsStore, rel: str, frame: pl.DataFrame, table: str) -> None:

@@ -9,6 +9,7 @@ import polars as pl
 import pytest
 import torch
 
+from conftest import tiny
 from analysis import load
 from resultstore.schema import DIMS_SCHEMA
 from study.attribution import (
@@ -233,22 +234,15 @@ def test_ablated_copies_in_one_batch_equal_one_at_a_time():
 # ---- in a trial, through the store ------------------------------------------------------------
 
 
-def tiny(**train_kw):
-    train = {"steps": 12, "batch_size": 4, "eval_every": 4, "eval_batch": {"sequences": 2},
-             "checkpoint_every": 0, "invariance_check": False, **train_kw}
-    return TrialConfig(model={"d_model": 32, "n_layers": 2, "n_heads": 2}, data={"seq_len": 16},
-                       optimizer={"name": "adam", "lr": 3e-3}, train=train)
-
-
 def test_a_trial_attributes_at_the_final_eval_and_every_kth_in_the_evals_one_readback(readbacks):
     sink = MemorySink()
     train(tiny(), sink)
     assert {r["step"] for r in sink.tables["dims"]} == {12}
     assert {r["tokens"] for r in sink.tables["dims"]} == {12 * 4 * 16}
-    assert tiny().trial_id == tiny(attribution_every=0).trial_id  # the new field keeps the ids
+    assert tiny().trial_id == tiny(train={"attribution_every": 0}).trial_id  # the new field keeps the ids
     readbacks.update({k: 0 for k in readbacks})
     sink = MemorySink()
-    train(tiny(attribution_every=2), sink)
+    train(tiny(train={"attribution_every": 2}), sink)
     assert sorted({r["step"] for r in sink.tables["dims"]}) == [0, 8, 12]
     assert readbacks["tolist"] == 4  # evals at 0, 4, 8, 12: the attribution rides in each one's readback
     keys = [(r["step"], r["layer"], r["site"], r["dim"]) for r in sink.tables["dims"]]
@@ -264,7 +258,7 @@ class CrashingSink(StoreSink):
 
 
 def test_dims_rows_exactly_once_after_a_crash_and_resume_and_readable_with_plain_polars(tmp_path):
-    cfg = tiny(attribution_every=1, checkpoint_every=4)
+    cfg = tiny(train={"attribution_every": 1, "checkpoint_every": 4})
     straight = MemorySink()
     train(cfg, straight, checkpoint_dir=tmp_path / "a")
     store = ResultsStore(tmp_path / "results", "s")

@@ -431,10 +431,12 @@ def test_quoted_text_is_printed_exactly_as_written(tmp_path, data_dir, place, wr
 @pytest.fixture(scope="module")
 def a_sweep(tmp_path_factory):
     sys.path.insert(0, str(Path(__file__).parent))
-    from synthetic_store import write_store
+    from synthetic_store import Synthetic
 
     root = tmp_path_factory.mktemp("stored")
-    write_store(root, name="s", sizes=(32,), seeds=(0,), optimizers=("adam",), steps=(0, 10))
+    (Synthetic("s").trials(sizes=(32,), seeds=(0,), optimizers=("adam",))
+     .rows(steps=(0, 10))
+     .write(root))
     (root / "s" / "quarantine" / "metrics").mkdir(parents=True)
     (root / "s" / "trials" / "t0").mkdir(parents=True)
     return root / "s"

@@ -11,6 +11,7 @@ import altair as alt
 import numpy as np
 import polars as pl
 import pytest
+from conftest import chart_rows
 from analysis_fixtures import messy_store, single_size_store, store, twins  # noqa: F401  (fixtures)
 
 from analysis import charts, fits, queries, selection
@@ -221,10 +222,6 @@ def _marks(spec: dict) -> dict[str, list[dict[str, str | None]]]:
     return found
 
 
-def _rows(spec: dict) -> list[dict]:
-    return [row for rows in spec["datasets"].values() for row in rows]
-
-
 def test_layer_chart_shows_the_largest_models_profile(store) -> None:  # noqa: F811
     prof = queries.layer_profile(load(store.path), "kurtosis").collect()
     spec = charts.kurtosis_by_layer(prof.lazy()).to_dict()  # lazy frames are accepted
@@ -234,7 +231,7 @@ def test_layer_chart_shows_the_largest_models_profile(store) -> None:  # noqa: F
     assert "rule" in marks  # the Gaussian reference
     largest = prof.filter(pl.col("params_non_embedding") == pl.col("params_non_embedding").max())
     want = {(r["optimizer"], r["layer"], round(r["mean"], 9)) for r in largest.iter_rows(named=True)}
-    assert {(r["optimizer"], r["layer"], round(r["mean"], 9)) for r in _rows(spec)} == want
+    assert {(r["optimizer"], r["layer"], round(r["mean"], 9)) for r in chart_rows(spec)} == want
     assert "Layer (0 = embeddings)" in json.dumps(spec) and "Kurtosis (Gaussian = 3)" in json.dumps(spec)
 
 
@@ -245,7 +242,7 @@ def test_scaling_chart_shows_every_point_and_each_fitted_curve(built, store) -> 
     assert {"x": "x_plot", "y": "fit", "color": "optimizer", "detail": "variant"} in marks["line"]
     assert {"x": "x_plot", "y": "fit_low", "y2": "fit_high", "color": "optimizer", "detail": "variant"} in marks["area"]
     assert any(m.get("y") == "ci_low" and m.get("y2") == "ci_high" for m in marks["rule"])  # error bars
-    rows = _rows(spec)
+    rows = chart_rows(spec)
     scale = queries.scale_table(load(store.path), "kurtosis").collect()
     points = {(r["optimizer"], r["params_non_embedding"], round(r["mean"], 9)) for r in rows if r["kind"] == "point"}
     assert points == {(r["optimizer"], r["params_non_embedding"], round(r["mean"], 9)) for r in scale.iter_rows(named=True)}
@@ -295,7 +292,7 @@ def test_a_size_is_a_shape_whatever_the_norm_adds() -> None:
 
 
 def _null_rows(spec: dict) -> list[tuple[int, float]]:
-    return [(r["d_model"], r["null_ref"]) for r in _rows(spec) if r.get("null_ref") is not None]
+    return [(r["d_model"], r["null_ref"]) for r in chart_rows(spec) if r.get("null_ref") is not None]
 
 
 @pytest.mark.parametrize("name", ["kurtosis_by_layer", "metric_over_training", "basis_comparison", "by_family",
@@ -323,15 +320,17 @@ def test_scaling_chart_draws_one_null_point_per_size(built, store) -> None:  # n
 
 
 def test_group_size_chart_shows_each_config_and_site(tmp_path: Path) -> None:
-    from synthetic_store import write_store
+    from synthetic_store import Synthetic
 
     rots = ["none", ("partial", 1), ("partial", 2), ("partial", 4), ("partial", 1, False), ("partial", 4, False),
             ("partial", 4, "group")]
-    s = write_store(tmp_path, name="sharing", sizes=(32, 64), n_layers=4, optimizers=("adam",), seeds=(0, 1),
-                    rotations=rots, steps=(0, 10), sharing=True, quant=False)  # fmt: skip
+    s = (Synthetic("sharing").trials(sizes=(32, 64), n_layers=4, optimizers=("adam",), seeds=(0, 1), rotations=rots)
+         .planted(sharing=True)
+         .rows(steps=(0, 10), quant=False)
+         .write(tmp_path))  # fmt: skip
     table = selection.group_size_table(load(s.path)).collect()
     spec = charts.kurtosis_vs_group_size(table).to_dict()
-    rows = _rows(spec)
+    rows = chart_rows(spec)
     largest = table.filter(pl.col("d_model") == 64)
     want = {(r["group_size_x"], r["site_name"], r["ends"], round(r["mean"], 9)) for r in largest.iter_rows(named=True)}
     assert {(r["group_size_x"], r["site_name"], r["ends"], round(r["mean"], 9)) for r in rows} == want
@@ -346,13 +345,13 @@ def test_group_size_chart_shows_each_config_and_site(tmp_path: Path) -> None:
     none = selection.unrotated_table(load(s.path)).collect()
     spec = charts.kurtosis_vs_group_size(table, baseline=none).to_dict()
     drawn = {(r["site_name"], r["ends"], round(r["mean"], 9), round(r["ci_low"], 9))
-             for r in _rows(spec) if r["kind"] == "none"}  # fmt: skip
+             for r in chart_rows(spec) if r["kind"] == "none"}  # fmt: skip
     big = none.filter(pl.col("d_model") == 64)
     assert big.height == 2 and none.height == 4  # (attention, MLP input) x 2 sizes
     assert drawn == {(r["site_name"], ends, round(r["mean"], 9), round(r["ci_low"], 9))
                      for r in big.iter_rows(named=True)
                      for ends in ("ends in bases of their own", "ends in the group's basis", "ends unrotated")}  # fmt: skip
-    plans = {(r["group_size_x"], r["site_name"], r["ends"], round(r["mean"], 9)) for r in _rows(spec) if r["kind"] == "plan"}
+    plans = {(r["group_size_x"], r["site_name"], r["ends"], round(r["mean"], 9)) for r in chart_rows(spec) if r["kind"] == "plan"}
     assert plans == want
     marks = [(la["mark"]["type"], la["transform"][0].get("filter")) for la in spec["spec"]["layer"] if "transform" in la]
     assert ("rect", "(datum.kind === 'none')") in marks and ("rule", "(datum.kind === 'none')") in marks
@@ -378,10 +377,12 @@ def test_log_axis_labels_a_few_round_values(lo: float, hi: float, want: list[flo
 
 
 def _plans_store(tmp_path: Path, rots: list) -> str:
-    from synthetic_store import write_store
+    from synthetic_store import Synthetic
 
-    return write_store(tmp_path, name="plans", sizes=(32,), n_layers=4, optimizers=("adam",), seeds=(0, 1),
-                       rotations=rots, steps=(0, 10), sharing=True, quant=False).path  # fmt: skip
+    return (Synthetic("plans").trials(sizes=(32,), n_layers=4, optimizers=("adam",), seeds=(0, 1), rotations=rots)
+            .planted(sharing=True)
+            .rows(steps=(0, 10), quant=False)
+            .write(tmp_path)).path  # fmt: skip
 
 
 def _told_apart(spec: dict) -> dict[str, str]:
@@ -393,7 +394,7 @@ def _told_apart(spec: dict) -> dict[str, str]:
         domain, patterns = dash["scale"]["domain"], [tuple(p) for p in dash["scale"]["range"]]
         assert len(set(patterns)) == len(domain), (domain, patterns)  # every plan its own pattern
         return {v: f"dash {p}" for v, p in zip(domain, patterns, strict=True)}
-    rows = [r for r in _rows(spec) if r.get("kind", "line") == "line"]
+    rows = [r for r in chart_rows(spec) if r.get("kind", "line") == "line"]
     panels = {r["facet"] for r in rows}
     assert all(len({r["variant"] for r in rows if r["facet"] == f}) == 1 for f in panels)  # one plan per panel
     return {f.split("rotation: ")[-1]: f"panel {f}" for f in panels}
@@ -425,7 +426,7 @@ def test_plans_in_panels_draw_the_unrotated_model_in_every_other_panel(tmp_path:
     rots = ["none"] + [("partial", k) for k in (1, 2, 3, 4)]
     prof = queries.layer_profile(load(_plans_store(tmp_path, rots)), "kurtosis").collect()
     spec = charts.kurtosis_by_layer(prof, facet=None).to_dict()
-    rows = _rows(spec)
+    rows = chart_rows(spec)
     none = {(r["layer"], round(r["mean"], 9)) for r in rows if r["kind"] == "line" and r["facet"] == "rotation: none"}
     for k in (1, 2, 3, 4):
         ref = {(r["layer"], round(r["mean"], 9)) for r in rows
@@ -436,10 +437,12 @@ def test_plans_in_panels_draw_the_unrotated_model_in_every_other_panel(tmp_path:
 
 
 def _matched(tmp_path: Path, seeds=(0, 1)) -> pl.DataFrame:
-    from synthetic_store import write_store
+    from synthetic_store import Synthetic
 
-    s = write_store(tmp_path, name="ladder", sizes=(32, 64), optimizers=("adam", "sgd"), seeds=seeds,
-                    lrs={"sgd": [0.1, 0.3, 1.0]}, best_lrs={"sgd": 0.3}, steps=(0, 10), quant=False)  # fmt: skip
+    s = (Synthetic("ladder").trials(sizes=(32, 64), optimizers=("adam", "sgd"), seeds=seeds, lrs={"sgd": [0.1, 0.3, 1.0]})
+         .planted(best_lrs={"sgd": 0.3})
+         .rows(steps=(0, 10), quant=False)
+         .write(tmp_path))  # fmt: skip
     r = load(s.path)
     return selection.versus(queries.loss_table(r), queries.scale_table(r, "kurtosis")).collect()
 
@@ -454,7 +457,7 @@ def test_matched_loss_chart_draws_each_ladders_best_lr_with_the_rest_faint(tmp_p
     assert len(want) == 4 and table.height == 2 * (1 + 3)  # adam one lr, sgd three, at two sizes
 
     spec = charts.kurtosis_vs_loss(table).to_dict()
-    rows = _rows(spec)
+    rows = chart_rows(spec)
     assert {(r["optimizer"], r["d_model"], r["lr"]) for r in rows if r["kind"] == "point"} == want
     faint = {(r["optimizer"], r["d_model"], r["lr"]) for r in rows if r["kind"] == "ladder"}
     assert len(faint) == 4 and not faint & want
@@ -469,12 +472,12 @@ def test_matched_loss_chart_draws_each_ladders_best_lr_with_the_rest_faint(tmp_p
     assert {la["mark"]["type"] for la in by_kind["point"]} == {"line", "rule", "point"}
     assert "best lr of each ladder" in " ".join(spec["title"]["subtitle"])
 
-    hidden = _rows(charts.kurtosis_vs_loss(table, ladder="best").to_dict())
+    hidden = chart_rows(charts.kurtosis_vs_loss(table, ladder="best").to_dict())
     assert {(r["optimizer"], r["d_model"], r["lr"]) for r in hidden} == want and len(hidden) == 4
-    every = _rows(charts.kurtosis_vs_loss(table, ladder="all").to_dict())
+    every = chart_rows(charts.kurtosis_vs_loss(table, ladder="all").to_dict())
     assert len(every) == table.height and {r["kind"] for r in every} == {"point"}
     chosen = table.filter((pl.col("optimizer") == "sgd") & (pl.col("lr") == 1.0)).select("config_id")
-    picked = _rows(charts.kurtosis_vs_loss(table.filter(pl.col("optimizer") == "sgd"), best=chosen).to_dict())
+    picked = chart_rows(charts.kurtosis_vs_loss(table.filter(pl.col("optimizer") == "sgd"), best=chosen).to_dict())
     assert {r["lr"] for r in picked if r["kind"] == "point"} == {1.0}  # a given choice (selection.best_lr) wins
     _save_both(charts.kurtosis_vs_loss(table), tmp_path / "matched")
 
@@ -510,11 +513,13 @@ def test_the_report_can_put_its_own_caption_in_the_image(built) -> None:
 
 
 def test_group_size_and_slopes_charts_are_titled_and_captioned(tmp_path: Path) -> None:
-    from synthetic_store import write_store
+    from synthetic_store import Synthetic
 
     rots = ["none", ("partial", 1), ("partial", 2), ("partial", 1, False), ("partial", 2, False)]
-    s = write_store(tmp_path, name="sharing", sizes=(32,), n_layers=4, optimizers=("adam",), seeds=(0, 1),
-                    rotations=rots, steps=(0, 10), sharing=True, quant=False)  # fmt: skip
+    s = (Synthetic("sharing").trials(sizes=(32,), n_layers=4, optimizers=("adam",), seeds=(0, 1), rotations=rots)
+         .planted(sharing=True)
+         .rows(steps=(0, 10), quant=False)
+         .write(tmp_path))  # fmt: skip
     table = selection.group_size_table(load(s.path)).collect()
     none = selection.unrotated_table(load(s.path)).collect()
     for baseline, said in ((none, "no rotation"), (None, "No unrotated run")):
@@ -537,7 +542,7 @@ def test_slopes_chart_draws_each_fit_with_its_interval(tmp_path: Path) -> None:
         "interval": ["between-seed t (3 seeds)"] * 2 + ["quasi-Poisson GLM, t(4)"],
     })  # fmt: skip
     spec = charts.slopes(fits_table).to_dict()
-    rows = _rows(spec)
+    rows = chart_rows(spec)
     assert {(r["fit_short"], r["config"], r["exponent_low"], r["exponent"], r["exponent_high"]) for r in rows} == {
         ("kurtosis / null 3(d−1)/(d+1), MLP input", "adam · rmsnorm · none", 0.1, 0.2, 0.3),
         ("kurtosis / null 3(d−1)/(d+1), MLP input", "sgd · rmsnorm · none", -0.01, 0.001, 0.012),

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import polars as pl
 import pytest
 
+from conftest import chart_rows
 from analysis.charts.privilege import FIXED_SHARE_WORDS, top_share_vs_params
 from analysis.null import top_share_label, top_share_null
 
@@ -26,14 +25,10 @@ def _table(norms: tuple[str, ...] = ("layernorm",)) -> pl.DataFrame:
     return pl.DataFrame(rows)
 
 
-def _rows(chart: Any) -> list[dict[str, Any]]:
-    return next(iter(chart.to_dict(validate=False)["datasets"].values()))
-
-
 @pytest.mark.parametrize("k", [1, 4])
 def test_the_null_is_drawn_at_each_width_and_labelled_once_per_panel(k: int) -> None:
     chart = top_share_vs_params(_table(), k=k, panel_order=["Residual stream (stored basis)", "MLP input"])
-    rows = _rows(chart)
+    rows = chart_rows(chart)
     nulls = [r for r in rows if r["kind"] == "null"]
     assert {(r["panel"], r["d_model"]): r["null_ref"] for r in nulls} == {
         (p, d): pytest.approx(top_share_null(d, k)) for p in ("Residual stream (stored basis)", "MLP input")
@@ -52,8 +47,8 @@ def test_a_varying_norm_gets_a_row_of_panels_each() -> None:
     chart = top_share_vs_params(_table(("layernorm", "rmsnorm_scalar")), facet="norm")
     spec = chart.to_dict(validate=False)
     assert "row" in spec["facet"]
-    assert {r["facet"] for r in _rows(chart)} == {"norm: layernorm", "norm: rmsnorm_scalar"}
-    assert len([r for r in _rows(chart) if r.get("null_label")]) == 4  # 2 sites x 2 norms
+    assert {r["facet"] for r in chart_rows(chart)} == {"norm: layernorm", "norm: rmsnorm_scalar"}
+    assert len([r for r in chart_rows(chart) if r.get("null_label")]) == 4  # 2 sites x 2 norms
 
 
 def test_it_renders_and_refuses_an_empty_frame() -> None:

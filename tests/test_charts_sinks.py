@@ -3,11 +3,10 @@ outlier measure against the sink with the attention variant as the marker's shap
 
 from __future__ import annotations
 
-from typing import Any
-
 import polars as pl
 import pytest
 
+from conftest import chart_rows
 from analysis.charts.sinks import MEASURE_TITLES, sinks_by_layer, sinks_vs_outliers
 
 UNIFORM = {"first_mass": 0.074, "delimiter_mass": 0.25, "sink_heads": None, "null_mass": None}
@@ -29,10 +28,6 @@ def _profile() -> pl.DataFrame:
     return pl.DataFrame(rows)
 
 
-def _rows(chart: Any) -> list[dict[str, Any]]:
-    return next(iter(chart.to_dict(validate=False)["datasets"].values()))
-
-
 def _layers(spec: dict) -> list[dict]:
     return spec["spec"]["layer"]
 
@@ -41,7 +36,7 @@ def test_one_panel_per_measure_in_order_with_uniform_attentions_reference() -> N
     chart = sinks_by_layer(_profile())
     spec = chart.to_dict(validate=False)
     assert spec["facet"]["column"]["sort"] == list(MEASURE_TITLES.values())
-    rows = _rows(chart)
+    rows = chart_rows(chart)
     refs = {r["facet"]: r["uniform"] for r in rows if r["kind"] == "uniform"}
     assert refs == {"Mass on position 0": pytest.approx(0.074), "Mass on delimiters": pytest.approx(0.25)}
     lines = [r for r in rows if r["kind"] == "line"]
@@ -77,7 +72,7 @@ def test_the_outlier_measure_against_the_sink_marks_the_attention_by_shape() -> 
     rules = [lay for lay in layers if lay.get("mark", {}).get("type") == "rule" and "datum" in str(lay.get("encoding"))]
     assert any("0.074" in str(lay["encoding"]) for lay in rules)  # uniform attention, on x
     assert "Dashed vertical: uniform causal attention (0.074)" in " ".join(spec["title"]["subtitle"])
-    assert {r["size"] for r in _rows(chart)} == {"786k"}  # one model shape: the gate's weights make no new size
+    assert {r["size"] for r in chart_rows(chart)} == {"786k"}  # one model shape: the gate's weights make no new size
     words = " ".join(spec["title"]["subtitle"])
     assert "each a seed mean with its 95% t-interval over 3 seeds both ways" in words
     assert "marker size" not in words  # one model shape: no size to read

@@ -1,18 +1,11 @@
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from sweep.cli import app
+from conftest import invoke
+
 
 SMOKE = Path(__file__).parent.parent / "specs" / "smoke.yaml"
-runner = CliRunner()
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
 @pytest.mark.parametrize("command", ["run", "plan", "train"])
 def test_bad_spec_exits_2_with_a_located_message_and_writes_nothing(tmp_path, command):
     bad = tmp_path / "bad.yaml"
@@ -165,14 +158,14 @@ def test_resources_this_machine_cannot_hold_are_refused_at_their_line_before_ray
                     "grid:\n  model: [{d_model: 16, n_layers: 1, n_heads: 1}]\n  optimizer: [{name: adam, lr: 1.0e-3}]\n"
                     "resources:\n  cpu: 1\n  gpu: 8\n")
     assert not ray.is_initialized()
-    r = CliRunner().invoke(app, ["run", str(spec), "--results", str(tmp_path / "r")])
+    r = invoke("run", spec, "--results", tmp_path / "r")
     assert r.exit_code == 2, r.output
     assert "needs cpu=1 gpu=8, but this machine has" in r.output and "(line 9)" in r.output, r.output
     assert "to run" not in r.output  # refused before saying what it would run (issue 18)
     assert not ray.is_initialized() and not (tmp_path / "r").exists()
     spec.write_text(spec.read_text().replace("gpu: 8", "gpu: 1000"))  # no node holds it: plan refuses too
     for verb in ("plan", "run"):
-        r = CliRunner().invoke(app, [verb, str(spec), "--results", str(tmp_path / "r")])
+        r = invoke(verb, spec, "--results", tmp_path / "r")
         assert r.exit_code == 2 and "resources.gpu: a trial runs on one node: at most 16 GPUs" in r.output, r.output
         assert "H200" not in r.output and "to run" not in r.output
 

@@ -7,19 +7,11 @@ import math
 import pytest
 import torch
 
+from conftest import tiny
 from study import device as D
-from study.config import TrialConfig
 from study.train import MemorySink, train
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (benchmarks/gpu_check.sh runs these)")
-
-
-def tiny(steps=6, **runtime):
-    return TrialConfig(model={"d_model": 32, "n_layers": 2, "n_heads": 2}, data={"seq_len": 16},
-                       optimizer={"name": "adam", "lr": 3e-3},
-                       train={"steps": steps, "batch_size": 4, "eval_every": 3, "eval_batch": {"sequences": 2},
-                              "checkpoint_every": 0, "invariance_check": False},
-                       runtime={"device": "cpu", **runtime})
 
 
 @pytest.mark.parametrize("name,peak", [
@@ -53,12 +45,12 @@ def test_compile_and_precision_policy():
 def test_cpu_run_row_records_peak_rss_and_no_mfu(monkeypatch):
     monkeypatch.delenv("SWEEP_PEAK_FLOPS", raising=False)
     sink = MemorySink()
-    train(tiny(), sink)
+    train(tiny(6, 3, runtime={"device": "cpu"}), sink)
     row = sink.run_row
     assert row["mfu"] is None and row["peak_memory_bytes"] > 50 * 2**20  # torch alone is more than 50 MiB
     monkeypatch.setenv("SWEEP_PEAK_FLOPS", "1e11")
-    train(tiny(), sink)
-    assert sink.run_row["mfu"] == pytest.approx(tiny().flops_per_token * sink.run_row["tokens_per_s"] / 1e11)
+    train(tiny(6, 3, runtime={"device": "cpu"}), sink)
+    assert sink.run_row["mfu"] == pytest.approx(tiny(6, 3, runtime={"device": "cpu"}).flops_per_token * sink.run_row["tokens_per_s"] / 1e11)
 
 
 def test_cpu_model_is_read_from_proc_cpuinfo_else_lscpu_else_platform(monkeypatch, tmp_path):
@@ -94,7 +86,7 @@ def test_cpu_names_have_no_peak_even_when_the_model_holds_a_table_key(monkeypatc
 def test_run_row_records_the_cpu_model_and_torch_kernel_path():
     """Results differ across CPU models and kernel paths (docs/reproducibility.md): every row says which."""
     sink = MemorySink()
-    train(tiny(steps=2), sink)
+    train(tiny(2, 3, runtime={"device": "cpu"}), sink)
     row = sink.run_row
     assert D.cpu_model() in row["device"] and row["device"].startswith("cpu (")
     assert D.cpu_model() in row["device_detail"]
@@ -104,7 +96,7 @@ def test_run_row_records_the_cpu_model_and_torch_kernel_path():
 
 def test_bf16_autocast_on_cpu_trains():
     sink = MemorySink()
-    s = train(tiny(steps=6, precision="bf16"), sink)
+    s = train(tiny(6, 3, runtime={"device": "cpu", "precision": "bf16"}), sink)
     assert s.status == "done" and math.isfinite(s.final_val_loss)
 
 
@@ -112,8 +104,8 @@ def test_bf16_autocast_on_cpu_trains():
 def test_compiled_trial_matches_eager_on_cpu():
     """torch.compile (the CUDA default from COMPILE_MIN_PARAMS) runs on CPU too; same losses to fp tolerance."""
     eager, compiled = MemorySink(), MemorySink()
-    a = train(tiny(steps=4, compile=False), eager)
-    b = train(tiny(steps=4, compile=True), compiled)
+    a = train(tiny(4, 3, runtime={"device": "cpu", "compile": False}), eager)
+    b = train(tiny(4, 3, runtime={"device": "cpu", "compile": True}), compiled)
     assert b.status == "done"
     assert b.final_val_loss == pytest.approx(a.final_val_loss, rel=1e-3)
 
@@ -131,7 +123,7 @@ def test_cuda_run_row_names_the_gpu_and_its_host():
 @pytest.mark.cuda
 def test_cuda_trial_records_mfu_and_peak_memory():
     sink = MemorySink()
-    cfg = tiny(steps=20, device="cuda")
+    cfg = tiny(20, 3, runtime={"device": "cuda"})
     train(cfg, sink)
     row = sink.run_row
     assert row["mfu"] is not None and 0 < row["mfu"] < 1

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import kill_one_ray_train_worker
+from conftest import kill_one_ray_train_worker, tiny
 from study import distributed
 from study.config import TrialConfig
 from study.train import MemorySink, StopTraining, train
@@ -26,13 +26,6 @@ LONG_BOUND = 1e-3
 """The same over 60 steps (the Ray Train test), where fp32 rounding has compounded: measured
 1e-4 at step 100 (curves; metrics 1.4e-5), but 0.65 by step 200 once this tiny model's loss
 spikes, so the trial stops well before. A missing all-reduce is off by 30% at step 1."""
-
-
-def tiny(**train_kw) -> TrialConfig:
-    train_cfg = {"steps": 12, "batch_size": 4, "eval_every": 4, "eval_batch": {"sequences": 2},
-                 "checkpoint_every": 0, "invariance_check": False, **train_kw}
-    return TrialConfig(model={"d_model": 32, "n_layers": 2, "n_heads": 2}, data={"seq_len": 16},
-                       optimizer={"name": "adam", "lr": 3e-3}, train=train_cfg)
 
 
 class CrashAt(MemorySink):
@@ -147,7 +140,7 @@ def test_two_workers_follow_the_one_worker_trajectory_and_only_rank0_writes(tmp_
 
 @pytest.mark.slow
 def test_a_crashed_two_worker_run_resumes_from_rank0s_checkpoint(tmp_path, one_worker):
-    cfg = tiny(checkpoint_every=4)
+    cfg = tiny(train={"checkpoint_every": 4})
     ckpt = tmp_path / "ckpt"
     crashed = run_workers(tmp_path / "a", cfg, checkpoint_dir=ckpt, crash_step=8)[0]
     assert crashed["summary"] is None and (ckpt / "checkpoint.pt").exists()
@@ -194,7 +187,7 @@ def test_fsdp_workers_train_shards_and_follow_the_one_worker_trajectory(tmp_path
 def test_fsdp_without_clipping_reads_the_one_worker_grad_norm(tmp_path):
     """grad_clip 0: the gradient norm is still the whole model's (one reduction over the shards'
     norms), the one-worker run's within BOUND at every step."""
-    cfg = tiny(grad_clip=0.0)
+    cfg = tiny(train={"grad_clip": 0.0})
     alone = MemorySink()
     train(cfg, alone)
     sink = run_workers(tmp_path, cfg, sharding="fsdp")[0]["sink"]
@@ -207,7 +200,7 @@ def test_fsdp_without_clipping_reads_the_one_worker_grad_norm(tmp_path):
 def test_an_fsdp_checkpoint_is_the_one_worker_format_and_resumes_under_fsdp_and_one_worker(tmp_path, one_worker):
     import shutil
 
-    cfg = tiny(checkpoint_every=4)
+    cfg = tiny(train={"checkpoint_every": 4})
     ckpt = tmp_path / "ckpt"
     crashed = run_workers(tmp_path / "a", cfg, checkpoint_dir=ckpt, crash_step=8, sharding="fsdp")[0]
     assert crashed["summary"] is None
@@ -260,19 +253,6 @@ SPEC = {
     "resources": {"cpu": 1, "workers": 2},
     "retries": 1,
 }
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    import ray
-
-    from sweep.launch import _loopback_only
-
-    _loopback_only()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
-             _node_ip_address="127.0.0.1")
-    yield ray
-    ray.shutdown()
 
 
 def store_rows(store, table: str, key: list[str]):

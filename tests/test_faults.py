@@ -13,19 +13,14 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from typer.testing import CliRunner
 
-from sweep.cli import app
+from conftest import invoke
 from resultstore.writer import ResultsStore
 
 SMOKE = Path(__file__).parent.parent / "specs" / "smoke.yaml"
 KEYS = {"runs": ["trial_id", "status", "steps"], "metrics": ["trial_id", "step", "layer", "site", "basis", "metric"],
         "curves": ["trial_id", "step"], "checks": ["trial_id", "check", "dtype"]}
 pytestmark = pytest.mark.slow
-
-
-def invoke(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 def rows(sweep: Path) -> dict[str, pl.DataFrame]:

@@ -9,16 +9,11 @@ import threading
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from sweep.cli import app
+from conftest import invoke
 from test_bad_input import BASE, DATA, _tree, a_sweep, assert_refused, case, data_dir, ray_started, spec_file  # noqa: F401
 
 SMOKE = Path(__file__).parent.parent / "specs" / "smoke.yaml"
-
-
-def invoke(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +68,7 @@ def test_bad_spec_text_is_refused(tmp_path, data_dir, odd, command, edits, place
         edits = {k: v.replace("{odd}", str(odd)) for k, v in edits.items()}
     spec = spec_file(tmp_path, data_dir, edits)
     results = tmp_path / "results"
-    result = CliRunner().invoke(app, [command, str(spec), "--results", str(results)])
+    result = invoke(command, spec, "--results", results)
     assert isinstance(result.exception, SystemExit), result.exception
     assert_refused(result.output, result.exit_code, results, place, value)
     assert not ray_started()
@@ -221,9 +216,11 @@ def test_status_names_a_lock_that_cannot_be_parsed(tmp_path, kind):
     import sys
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from synthetic_store import write_store
+    from synthetic_store import Synthetic
 
-    write_store(tmp_path, name="s", sizes=(32,), seeds=(0,), optimizers=("adam",), steps=(0, 10))
+    (Synthetic("s").trials(sizes=(32,), seeds=(0,), optimizers=("adam",))
+     .rows(steps=(0, 10))
+     .write(tmp_path))
     content, says = LOCKS[kind]
     _write_lock(tmp_path / "s", content)
     result = invoke("status", tmp_path / "s")

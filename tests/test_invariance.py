@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from conftest import batch
 from study.config import TrialConfig
 from study.invariance import loss_change_by_dtype, plan_in_basis, rotate_residual_basis
 from study.model import Rotate, Transformer
@@ -34,11 +35,6 @@ def make_model(norm, rotation="none", dtype=torch.float64, perturb=True, seed=0,
     return model
 
 
-def batch(B=2, T=16):
-    x = torch.randint(0, 256, (B, T + 1), generator=generator_for(0, "test-batch"))
-    return x[:, :-1], x[:, 1:]
-
-
 def q_for(seed=0):
     return random_orthogonal(D, generator_for(seed, "test-q"))
 
@@ -50,7 +46,7 @@ def test_rotated_logits(norm, rotation, attention):
     """Every attention variant x every rotation plan: invariant exactly (float64) with rmsnorm_scalar,
     not with a per-coordinate norm."""
     model = make_model(norm, rotation, attention=attention)
-    x, _ = batch()
+    x, _ = batch(generator_for(0, "test-batch"), 2, 16)
     diff = (rotate_residual_basis(model, q_for())(x)[0] - model(x)[0]).abs().max().item()
     if norm == "rmsnorm_scalar":
         assert diff < 1e-10
@@ -61,7 +57,7 @@ def test_rotated_logits(norm, rotation, attention):
 @pytest.mark.parametrize("rotation", ["none", "independent"])
 def test_rmsnorm_with_uniform_gains_is_invariant(rotation):
     """The per-coordinate gain is rmsnorm's only basis dependence; layernorm's mean subtraction remains."""
-    x, _ = batch()
+    x, _ = batch(generator_for(0, "test-batch"), 2, 16)
     rms = make_model("rmsnorm", rotation, perturb=False)
     assert (rotate_residual_basis(rms, q_for())(x)[0] - rms(x)[0]).abs().max() < 1e-10
     ln = make_model("layernorm", rotation, perturb=False)
@@ -71,7 +67,7 @@ def test_rmsnorm_with_uniform_gains_is_invariant(rotation):
 def test_residual_stream_is_rotated_everywhere():
     model = make_model("rmsnorm_scalar", "shared")
     rotated = rotate_residual_basis(model, q := q_for())
-    x, _ = batch()
+    x, _ = batch(generator_for(0, "test-batch"), 2, 16)
     outs = {}
     for tag, m in (("a", model), ("b", rotated)):
         for i, block in enumerate(m.blocks):
@@ -107,7 +103,7 @@ def test_rotation_of_float32_model_stays_float32():
     rotated = rotate_residual_basis(model, q_for())
     assert all(p.dtype == torch.float32 for p in rotated.parameters())
     assert all(b.dtype == torch.float32 for b in rotated.buffers())
-    x, _ = batch()
+    x, _ = batch(generator_for(0, "test-batch"), 2, 16)
     torch.testing.assert_close(rotated(x)[0], model(x)[0], atol=1e-4, rtol=0)
 
 
@@ -125,7 +121,7 @@ def test_identity_rotation_is_a_no_op():
 def test_loss_change_rows(rotation):
     model = make_model("rmsnorm_scalar", rotation, dtype=torch.float32)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    x, y = batch()
+    x, y = batch(generator_for(0, "test-batch"), 2, 16)
     rows = loss_change_by_dtype(model, x, y, seed=7)
     assert [r["dtype"] for r in rows] == ["float64", "float32", "bfloat16"]
     assert all(set(r) == {"check", "dtype", "value"} and r["check"] == "rotate_residual_basis" for r in rows)
@@ -140,7 +136,7 @@ def test_loss_change_rows(rotation):
 
 def test_loss_change_detects_layernorm():
     model = make_model("layernorm", "none", dtype=torch.float32)
-    x, y = batch()
+    x, y = batch(generator_for(0, "test-batch"), 2, 16)
     rows = loss_change_by_dtype(model, x, y, seed=0, dtypes=("float64",))
     assert len(rows) == 1 and abs(rows[0]["value"]) > 1e-4
     other = loss_change_by_dtype(model, x, y, seed=1, dtypes=("float64",))
@@ -179,7 +175,7 @@ def train_float64(cfg, plan, steps=6, ends_q=None):
     resid = []
     handles = [b.register_forward_hook(lambda _m, _i, out: resid.append(out)) for b in model.blocks]
     with torch.no_grad():
-        model(batch()[0])
+        model(batch(generator_for(0, "test-batch"), 2, 16)[0])
     for h in handles:
         h.remove()
     return model, losses, resid
@@ -304,7 +300,7 @@ def test_rotated_init_twin(name):
             losses[label].append(loss.item())
         with torch.no_grad():
             streams[label] = model.tok_emb.weight.clone(), model.blocks[-1](model.blocks[0](
-                model.tok_emb(batch()[0]) + model.pos_emb(torch.arange(16))))
+                model.tok_emb(batch(generator_for(0, "test-batch"), 2, 16)[0]) + model.pos_emb(torch.arange(16))))
     assert losses["base"][-1] < losses["base"][0] - 0.05  # it trained
     gap = max(abs(a - b) for a, b in zip(losses["base"], losses["twin"]))
     off = max((t - b @ q).abs().max().item() for b, t in zip(streams["base"], streams["twin"]))

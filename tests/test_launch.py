@@ -2,7 +2,6 @@
 
 import polars as pl
 import pytest
-import ray
 from conftest import kill_own_worker
 
 from resultstore.writer import ResultsStore
@@ -21,13 +20,6 @@ SPEC = {
     "resources": {"cpu": 1},
     "retries": 0,
 }
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
 
 
 def snapshot(store):
@@ -243,7 +235,8 @@ def test_a_local_ray_listens_on_loopback_only_and_a_sigkilled_driver_takes_it_al
     spec = tmp_path / "long.yaml"
     spec.write_text(yaml.safe_dump({**SPEC, "train": {**SPEC["train"], "steps": 100000, "checkpoint_every": 0},
                                     "grid": {**SPEC["grid"], "optimizer": [{"name": "adam", "lr": 3e-3}]}}))
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    # nothing of this process's own local Ray (conftest's local_ray sets loopback-only): the CLI must do it itself
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")}
     env["PYTHONPATH"] = str(Path(__file__).parent.parent)
     proc = subprocess.Popen([sys.executable, "-m", "sweep.cli", "run", str(spec), "--results", str(tmp_path / "r")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)

@@ -16,14 +16,15 @@ from analysis.lr_fit import LR_FIT_COLUMNS, fit_lr_scaling, round_reference
 def test_recovers_a_planted_exponent_from_ladders(tmp_path: Path) -> None:
     """A store whose best lr moves as N^-0.5 (adam) and stays put (sgd), ladders of ratio ~1.3:
     the fit recovers each exponent within the ladder's resolution, with an interval."""
-    from synthetic_store import write_store
+    from synthetic_store import Synthetic
 
     ladder = [float(v) for v in np.geomspace(1e-4, 3e-2, 21)]
-    truth = write_store(
-        tmp_path, name="ladders", sizes=(32, 48, 64, 96, 128), seeds=(0,), steps=(0, 10),
-        optimizers=("adam", "sgd"), lrs={"adam": ladder, "sgd": [v * 100 for v in ladder]},
-        best_lrs={"adam": 1e-2, "sgd": 0.3}, lr_exponents={"adam": -0.5}, lr_penalty=5.0, quant=False,
-    )  # fmt: skip
+    truth = (Synthetic("ladders")
+             .trials(sizes=(32, 48, 64, 96, 128), seeds=(0,), optimizers=("adam", "sgd"),
+                     lrs={"adam": ladder, "sgd": [v * 100 for v in ladder]})
+             .planted(best_lrs={"adam": 1e-2, "sgd": 0.3}, lr_exponents={"adam": -0.5}, lr_penalty=5.0)
+             .rows(steps=(0, 10), quant=False)
+             .write(tmp_path))  # fmt: skip
     fit = fit_lr_scaling(selection.best_lr(load(truth.path)))
     assert tuple(fit.columns) == LR_FIT_COLUMNS
     adam = fit.filter(pl.col("optimizer") == "adam").row(0, named=True)

@@ -11,6 +11,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from conftest import batch
 from study.config import TrialConfig
 from study.metrics import (
     CONTROL_BASES,
@@ -343,11 +344,6 @@ def tiny_model(d_model: int = 64, n_layers: int = 2, norm: str = "layernorm", ro
     return Transformer.from_config(cfg)
 
 
-def batch(b: int = 4, t: int = 16, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    g = gen(seed)
-    return torch.randint(0, 256, (b, t), generator=g), torch.randint(0, 256, (b, t), generator=g)
-
-
 def expected_keys(n_layers: int) -> set[tuple]:
     keys = {(l, "resid", b, m) for l in range(n_layers + 1) for b in ("stored", "random") for m in METRICS}
     tested = (CONTROL_SPREAD, CONTROL_MEDIAN, *(f"{m}_rank_p" for m in RANK_TESTED))
@@ -368,7 +364,7 @@ def all_hooks(model: torch.nn.Module) -> int:
 @pytest.mark.parametrize("rotation", ["none", "independent"])
 def test_probe_rows_once_each_one_forward_and_loss(rotation):
     model = tiny_model(n_layers=3, rotation=rotation)
-    x, y = batch()
+    x, y = batch(gen(0), 4, 16, shifted=False)
     calls = []
     model.register_forward_pre_hook(lambda *_: calls.append(1))
     before = all_hooks(model)
@@ -386,7 +382,7 @@ def test_probe_rows_once_each_one_forward_and_loss(rotation):
 
 def test_probe_sites_match_direct_measurement():
     model = tiny_model()
-    x, y = batch()
+    x, y = batch(gen(0), 4, 16, shifted=False)
     rows = {(r["layer"], r["site"], r["basis"], r["metric"]): r["value"] for r in ActivationProbe(model, 0).run(x, y).rows}
     with torch.no_grad():
         emb = model.tok_emb(x) + model.pos_emb(torch.arange(x.shape[1]))
@@ -400,7 +396,7 @@ def test_probe_sites_match_direct_measurement():
 def test_probe_with_rotated_ends_layer0_is_the_written_residual_and_sites_the_computation_basis():
     """shared with rotated ends is the none model in a rotated residual basis: every computation-
     basis site reads as none's; resid layer 0 is the embeddings after write_emb (x = e R^T)."""
-    x, y = batch()
+    x, y = batch(gen(0), 4, 16, shifted=False)
     base, shared = tiny_model(rotation="none"), tiny_model(rotation="shared")
     rows = {}
     for name, m in (("none", base), ("shared", shared)):
@@ -420,7 +416,7 @@ def test_probe_control_reads_the_exact_null_under_heavy_tails():
     with torch.no_grad():  # every token id gets a huge coordinate of its own: basis-aligned tails
         ids = torch.arange(256)
         model.tok_emb.weight[ids, ids % 128] += 30.0
-    x, y = batch(b=8)
+    x, y = batch(gen(0), 8, 16, shifted=False)
     rows = ActivationProbe(model, seed=0).run(x, y).rows
     k = {(r["layer"], r["basis"], r["metric"]): r["value"] for r in rows if r["site"] == "resid"}
     for layer in range(3):
@@ -432,7 +428,7 @@ def test_probe_control_reads_the_exact_null_under_heavy_tails():
 
 def test_probe_control_rows_are_control_metrics_of_the_residual():
     model = tiny_model()
-    x, y = batch()
+    x, y = batch(gen(0), 4, 16, shifted=False)
     probe = ActivationProbe(model, 3)
     rows = {(r["layer"], r["metric"]): r["value"] for r in probe.run(x, y).rows if r["basis"] == "random"}
     with torch.no_grad():
@@ -446,13 +442,13 @@ def test_probe_hooks_removed_after_an_error():
     model = tiny_model()
     probe = ActivationProbe(model, 0)
     with pytest.raises(ValueError):
-        probe.run(*batch(t=32))  # longer than the model's seq_len: the forward raises
+        probe.run(*batch(gen(0), 4, 32, shifted=False))  # longer than the model's seq_len: the forward raises
     assert all_hooks(model) == 0
 
 
 def test_probe_one_host_transfer(request):
     model = tiny_model()
-    x, y = batch()
+    x, y = batch(gen(0), 4, 16, shifted=False)
     probe = ActivationProbe(model, 0)
     probe.run(x, y)  # builds the random basis once
     counts = request.getfixturevalue("readbacks")
@@ -463,7 +459,7 @@ def test_probe_one_host_transfer(request):
 
 def test_probe_under_bf16_autocast():
     model = tiny_model()
-    x, y = batch()
+    x, y = batch(gen(0), 4, 16, shifted=False)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         result = ActivationProbe(model, 0).run(x, y)
     assert all(math.isfinite(r["value"]) for r in result.rows)

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from conftest import batch
 from study.config import TrialConfig
 from study.model import NORMS, LayerNorm, RMSNorm, Rotate, ScalarRMSNorm, Transformer
 from study.rotation import generator_for
@@ -24,12 +25,6 @@ def make_cfg(norm="layernorm", rotation="none", seed=0, d_model=32, n_heads=2, d
                        attention=attention,
                        rotation=ROTATIONS[rotation] if isinstance(rotation, str) else rotation, optimizer={"name": "adam", "lr": 1e-3},
                        train={"steps": 1}, data=data, seed=seed)
-
-
-def batch(cfg, B=2, seed=0):
-    g = generator_for(seed, "test-batch")
-    x = torch.randint(0, cfg.vocab_size, (B, cfg.data.seq_len + 1), generator=g)
-    return x[:, :-1], x[:, 1:]
 
 
 def fold_plan(none_model: Transformer, rotated: Transformer) -> None:
@@ -75,7 +70,7 @@ def test_param_count_matches_config(norm, rotation, shape):
 def test_forward_shapes_and_initial_loss(norm, rotation):
     cfg = make_cfg(norm, rotation)
     model = Transformer.from_config(cfg)
-    x, y = batch(cfg, B=3)
+    x, y = batch(generator_for(0, "test-batch"), 3, cfg.data.seq_len, cfg.vocab_size)
     logits, loss = model(x, y)
     assert logits.shape == (3, cfg.data.seq_len, 256) and logits.dtype == torch.float32
     assert loss.shape == () and abs(loss.item() - math.log(256)) < 0.1
@@ -88,7 +83,7 @@ def test_forward_shapes_and_initial_loss(norm, rotation):
 
 def test_backward_reaches_every_parameter():
     model = Transformer.from_config(make_cfg("layernorm", "independent"))
-    _, loss = model(*batch(make_cfg()))
+    _, loss = model(*batch(generator_for(0, "test-batch"), 2, 16, 256))
     loss.backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
     assert all(not b.requires_grad for b in model.buffers())
@@ -156,7 +151,7 @@ def test_hooks_see_the_residual_equation():
     model.blocks[0].mlp.act.register_forward_hook(hook("act"))
     model.final_norm.register_forward_hook(hook("final_norm"))
     model.blocks[-1].register_forward_hook(hook("last"))
-    x, _ = batch(cfg)
+    x, _ = batch(generator_for(0, "test-batch"), 2, cfg.data.seq_len, cfg.vocab_size)
     model(x)
     emb = model.tok_emb(x) + model.pos_emb(torch.arange(x.shape[1]))
     r = model.blocks[0].read_attn.matrix
@@ -175,7 +170,7 @@ def test_rotation_buffers_follow_dtype():
     assert len(mats) == 4 * L + 2 and all(m.dtype == torch.float32 for m in mats)
     model.to(torch.bfloat16)
     assert all(m.matrix.dtype == torch.bfloat16 for m in model.modules() if isinstance(m, Rotate))
-    logits, loss = model(*batch(make_cfg()))
+    logits, loss = model(*batch(generator_for(0, "test-batch"), 2, 16, 256))
     assert logits.dtype == torch.float32 and torch.isfinite(loss)
     assert "blocks.0.read_attn.matrix" in model.state_dict()  # saved with checkpoints
 
@@ -208,7 +203,7 @@ def test_bf16_autocast_carries_every_plan_in_the_precision_of_none():
         model = Transformer.from_config(cfg)
         exact = Transformer.from_config(cfg, dtype=torch.float64)
         exact.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
-        idx = batch(cfg, B=4)[0]
+        idx = batch(generator_for(0, "test-batch"), 4, cfg.data.seq_len, cfg.vocab_size)[0]
         with torch.no_grad():
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 low = residuals(model, idx)
@@ -252,7 +247,7 @@ def test_rotated_plan_expresses_the_same_function(rotation):
     """rmsnorm_scalar: a rotated-plan model with folded weights computes the `none` model's function."""
     base = Transformer.from_config(make_cfg("rmsnorm_scalar", "none"), dtype=torch.float64)
     rotated = Transformer.from_config(make_cfg("rmsnorm_scalar", rotation), dtype=torch.float64)
-    x, y = batch(make_cfg())
+    x, y = batch(generator_for(0, "test-batch"), 2, 16, 256)
     if rotation != "shared":  # shared with rotated ends IS the none model (next test)
         assert not torch.allclose(base(x)[0], rotated(x)[0])  # same seed, different plan: different function
     fold_plan(base, rotated)
@@ -267,7 +262,7 @@ def test_shared_with_rotated_ends_is_the_unrotated_model_in_a_rotated_basis(norm
     breaks this (the embeddings then write in the residual basis the blocks do not read in)."""
     base = Transformer.from_config(make_cfg(norm, "none"), dtype=torch.float64)
     shared = Transformer.from_config(make_cfg(norm, "shared"), dtype=torch.float64)
-    x, _ = batch(make_cfg())
+    x, _ = batch(generator_for(0, "test-batch"), 2, 16, 256)
     torch.testing.assert_close(shared(x)[0], base(x)[0], atol=1e-10, rtol=0)
     noemb = Transformer.from_config(make_cfg(norm, {"mode": "shared", "embeddings": False}), dtype=torch.float64)
     assert (noemb(x)[0] - base(x)[0]).abs().max() > 1e-3
@@ -277,7 +272,7 @@ def test_folding_fails_for_basis_dependent_norm():
     base = Transformer.from_config(make_cfg("layernorm", "none"), dtype=torch.float64)
     rotated = Transformer.from_config(make_cfg("layernorm", "shared"), dtype=torch.float64)
     fold_plan(base, rotated)
-    x, _ = batch(make_cfg())
+    x, _ = batch(generator_for(0, "test-batch"), 2, 16, 256)
     assert (rotated(x)[0] - base(x)[0]).abs().max() > 1e-4
 
 
@@ -413,7 +408,7 @@ def test_every_variant_is_causal_counted_and_shares_the_common_init(name):
     cfg = make_cfg("rmsnorm_scalar", attention=name)
     model = Transformer.from_config(cfg)
     assert model.num_params() == cfg.params and model.num_params(non_embedding=True) == cfg.params_non_embedding
-    x, y = batch(cfg, B=3)
+    x, y = batch(generator_for(0, "test-batch"), 3, cfg.data.seq_len, cfg.vocab_size)
     logits, loss = model(x, y)
     assert abs(loss.item() - math.log(256)) < 0.1
     torch.testing.assert_close(model(x[:, :5])[0], logits[:, :5], atol=1e-5, rtol=1e-5)  # causal
@@ -432,7 +427,7 @@ def test_every_variant_trains_under_bf16_autocast(name):
     """A few AdamW steps on one batch under CPU bf16 autocast: finite, falling loss."""
     model = Transformer.from_config(make_cfg("rmsnorm_scalar", attention=name))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    x, y = batch(make_cfg(), B=4)
+    x, y = batch(generator_for(0, "test-batch"), 4, 16, 256)
     losses = []
     for _ in range(8):
         with torch.autocast("cpu", dtype=torch.bfloat16):

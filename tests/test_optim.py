@@ -12,6 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import batch
 from study.config import TrialConfig
 from study.model import Transformer
 from study.optim import SOAP, Lion, MuonAdamW, RotatedAdam, build_optimizer, decay_groups, index_dims
@@ -277,17 +278,11 @@ def test_decay_groups_skip_frozen_and_empty() -> None:
 # ---- on the real model; state_dict round trip ---------------------------------------------
 
 
-def batch(cfg: TrialConfig, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(step)
-    x = torch.randint(0, cfg.vocab_size, (4, cfg.data.seq_len + 1), generator=g)
-    return x[:, :-1], x[:, 1:]
-
-
 def train_steps(cfg: TrialConfig, model, opt, start: int, stop: int) -> None:
     for step in range(start, stop):
         for group in opt.param_groups:
             group["lr"] = cfg.optimizer.lr * (1 - step / 20)
-        _, loss = model(*batch(cfg, step))
+        _, loss = model(*batch(torch.Generator().manual_seed(step), 4, cfg.data.seq_len, cfg.vocab_size))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -332,7 +327,7 @@ def test_trains_the_real_model(rotate: str, norm: str) -> None:
     cfg = trial(rotate=rotate, norm=norm, lr=3e-3)
     model = Transformer.from_config(cfg)
     opt = build_optimizer(cfg, model)
-    x, y = batch(cfg, 0)
+    x, y = batch(torch.Generator().manual_seed(0), 4, cfg.data.seq_len, cfg.vocab_size)
     first = None
     for _ in range(8):  # overfit one batch
         _, loss = model(x, y)
@@ -371,7 +366,7 @@ def test_cuda_step_has_no_host_sync() -> None:
     cfg = trial(rotate="all")
     model = Transformer.from_config(cfg).cuda()
     opt = build_optimizer(cfg, model)
-    x, y = (t.cuda() for t in batch(cfg, 0))
+    x, y = (t.cuda() for t in batch(torch.Generator().manual_seed(0), 4, cfg.data.seq_len, cfg.vocab_size))
     model(x, y)[1].backward()
     assert all(q is None or q.is_cuda for p in model.parameters() for q in opt.bases(p))
     torch.cuda.set_sync_debug_mode("error")
@@ -649,7 +644,7 @@ def test_muon_split_lr_and_orthogonalised_update() -> None:
         g["lr"] = 1e-3
     w = model.blocks[0].attn.proj.weight
     before = w.detach().clone()
-    x, y = batch(cfg, 0)
+    x, y = batch(torch.Generator().manual_seed(0), 4, cfg.data.seq_len, cfg.vocab_size)
     model(x, y)[1].backward()
     grad = w.grad.clone()
     opt.step()
@@ -691,7 +686,7 @@ def test_muon_ends_optimiser_and_its_lr_ratio(ends: str, cls: type) -> None:
         g["lr"] = 1e-3  # a scheduler's write
     gain = model.final_norm.weight
     before = gain.detach().clone()
-    _, loss = model(*batch(cfg, 0))
+    _, loss = model(*batch(torch.Generator().manual_seed(0), 4, cfg.data.seq_len, cfg.vocab_size))
     loss.backward()
     grad = gain.grad.clone()
     opt.step()
@@ -719,7 +714,7 @@ def residual_equivariance_gap(optimizer: dict, steps: int = 8) -> tuple[float, f
     for model in (a, b):
         opt = build_optimizer(cfg, model)
         for step in range(steps):
-            _, loss = model(*batch(cfg, step))
+            _, loss = model(*batch(torch.Generator().manual_seed(step), 4, cfg.data.seq_len, cfg.vocab_size))
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)

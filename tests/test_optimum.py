@@ -9,7 +9,7 @@ import math
 import numpy as np
 import polars as pl
 import pytest
-from synthetic_store import write_store
+from synthetic_store import Synthetic
 
 from analysis import optimum
 from analysis.load import load
@@ -127,11 +127,12 @@ def test_a_slope_is_least_squares_over_the_widths_with_an_optimum() -> None:
 @pytest.fixture(scope="module")
 def ladder_store(tmp_path_factory: pytest.TempPathFactory):
     """adam: its best lr inside a 5-lr ladder at every width; sgd: its best beyond the ladder."""
-    return write_store(
-        tmp_path_factory.mktemp("opt"), name="opt", sizes=(32, 64), seeds=(0, 1, 2), steps=(0, 10), quant=False,
-        optimizers=("adam", "sgd"), lrs={"adam": [3e-4, 1e-3, 3e-3, 1e-2, 3e-2], "sgd": [0.01, 0.03, 0.1]},
-        best_lrs={"adam": 3e-3, "sgd": 1.0}, lr_penalty=0.5, basis_test=True, seed=3,
-    )  # fmt: skip
+    return (Synthetic("opt", seed=3)
+            .trials(sizes=(32, 64), seeds=(0, 1, 2), optimizers=("adam", "sgd"),
+                    lrs={"adam": [3e-4, 1e-3, 3e-3, 1e-2, 3e-2], "sgd": [0.01, 0.03, 0.1]})
+            .planted(best_lrs={"adam": 3e-3, "sgd": 1.0}, lr_penalty=0.5)
+            .rows(steps=(0, 10), quant=False, basis_test=True)
+            .write(tmp_path_factory.mktemp("opt")))  # fmt: skip
 
 
 def test_the_tables_on_a_store(ladder_store) -> None:

@@ -8,14 +8,13 @@ import polars as pl
 import pyarrow.fs as pafs
 import pytest
 import torch
-from typer.testing import CliRunner
 
+from conftest import invoke
 from analysis.load import load
 from resultstore import uri as storage
 from resultstore.writer import ResultsStore
 from study.config import TrialConfig
 from study.train import train
-from sweep.cli import app
 from study.sae import SAEConfig
 from sweep.probe import file_variant, plan_probe
 
@@ -23,10 +22,6 @@ TRIAL = {"model": {"d_model": 16, "n_layers": 2, "n_heads": 2}, "norm": "rmsnorm
          "data": {"seq_len": 16}, "train": {"steps": 8, "batch_size": 4, "eval_every": 4, "eval_batch": {"sequences": 2}},
          "sweep": "tiny"}
 FAST = ["--tokens", "256", "--steps", "30", "--k", "2", "--expansion", "2", "--cpus", "1"]
-
-
-def invoke(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 def ray_running() -> bool:

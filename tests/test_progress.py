@@ -127,7 +127,7 @@ def test_status_names_the_lr_of_the_trial_that_diverged_inside_its_ladder_and_ex
     assert re.search(r"│ diverged \(ladder\) +│ +1 │", status.output), status.output  # its own row of the table
 
 
-def _rows(tmp_path, spec_text: str, statuses: dict[int, str]):
+def _write_runs(tmp_path, spec_text: str, statuses: dict[int, str]):
     """Runs rows (no training) for the spec's trials by grid index: status per index."""
     from resultstore.writer import ResultsStore
     from sweep.trainable import failed_row
@@ -158,7 +158,7 @@ OTHER = LADDER.replace("[{name: sgd, lr: [0.3, 1.0e+9], momentum: 0.9}]",  # two
 ])
 def test_status_exits_0_only_when_what_did_not_finish_diverged_inside_an_lr_ladder(tmp_path, spec, statuses, bad,
                                                                                    code, shown):
-    trials, store = _rows(tmp_path, spec, statuses)
+    trials, store = _write_runs(tmp_path, spec, statuses)
     status = CliRunner().invoke(app, ["status", store.uri])
     assert status.exit_code == code, status.output
     line = next(line for line in status.output.splitlines() if trials[bad].trial_id in line)
@@ -166,7 +166,7 @@ def test_status_exits_0_only_when_what_did_not_finish_diverged_inside_an_lr_ladd
 
 
 def test_status_exits_1_for_a_ladder_divergence_beside_a_trial_started_with_no_result(tmp_path):
-    trials, store = _rows(tmp_path, LADDER, {0: "done", 1: "diverged"})
+    trials, store = _write_runs(tmp_path, LADDER, {0: "done", 1: "diverged"})
     (tmp_path / "r" / "ladder" / "trials" / "f00d").mkdir(parents=True)  # started, no runs row
     status = CliRunner().invoke(app, ["status", store.uri])
     assert status.exit_code == 1 and "started, no result" in status.output, status.output
@@ -278,11 +278,12 @@ def test_the_plain_progress_line_gives_the_time_left_each_time_a_trial_ends():
 def test_run_report_redraws_the_report_after_trials_end_one_drawing_at_a_time(tmp_path):
     """`sweep run --report`: a trial's end starts `sweep report` in a process of its own; one
     that ends while it draws queues exactly one more, which the run's end waits for."""
-    from synthetic_store import write_store
+    from synthetic_store import Synthetic
     from sweep.progress import ReportCallback
 
-    truth = write_store(tmp_path, sizes=(32, 64), seeds=(0,), optimizers=("adam", "sgd"), steps=(0, 1, 2),
-                        quant=False)
+    truth = (Synthetic().trials(sizes=(32, 64), seeds=(0,), optimizers=("adam", "sgd"))
+             .rows(steps=(0, 1, 2), quant=False)
+             .write(tmp_path))
     console = Console(file=io.StringIO(), width=200, color_system=None)
     callback = ReportCallback(str(truth.path), console)
     for tid in ("a", "b", "c"):  # three trials end at once: one drawing, one queued

@@ -11,6 +11,7 @@ import torch.nn as nn
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import batch
 from study.config import TrialConfig
 from study.model import Rotate, Transformer
 from study.quant import SCHEMES, fake_quantise, quant_rows, quantised, quantised_delta_se, quantised_losses
@@ -21,11 +22,6 @@ def make_model(norm="rmsnorm", rotation="none", d=32, layers=2, dtype=torch.floa
     cfg = TrialConfig(model={"d_model": d, "n_layers": layers, "n_heads": 2}, norm=norm, rotation=rotation,
                       optimizer={"name": "adam", "lr": 1e-3}, train={"steps": 1}, data={"seq_len": 32})
     return Transformer.from_config(cfg, dtype=dtype)
-
-
-def batch(B=8, T=32):
-    x = torch.randint(0, 256, (B, T + 1), generator=generator_for(0, "test-quant"))
-    return x[:, :-1], x[:, 1:]
 
 
 # ---- fake_quantise ----------------------------------------------------------------------------
@@ -69,7 +65,7 @@ def test_fake_quantise_known_values():
 
 def test_every_linear_input_and_weight_and_nothing_else():
     model = make_model(rotation="independent")
-    x, y = batch()
+    x, y = batch(generator_for(0, "test-quant"), 8, 32)
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     assert len(linears) == 4 * 2 + 1  # qkv, proj, fc, proj per block; the unembedding
     rotations = {n: b.clone() for n, b in model.named_buffers()}
@@ -89,7 +85,7 @@ def test_every_linear_input_and_weight_and_nothing_else():
 
 def test_float_path_is_untouched_bit_for_bit():
     model = make_model(norm="layernorm", rotation="shared")
-    x, y = batch()
+    x, y = batch(generator_for(0, "test-quant"), 8, 32)
     params = {k: v.clone() for k, v in model.state_dict().items()}
     before = model(x, y)[1]
     q = quantised_losses(model, x, y)
@@ -103,7 +99,7 @@ def test_float_path_is_untouched_bit_for_bit():
 
 def test_quantised_restores_after_an_exception():
     model = make_model()
-    x, y = batch()
+    x, y = batch(generator_for(0, "test-quant"), 8, 32)
     before = model(x, y)[1]
     with pytest.raises(RuntimeError, match="boom"):
         with quantised(model, 4, 4):
@@ -154,7 +150,7 @@ def rotate_reads(model: Transformer, q: torch.Tensor) -> Transformer:
 def test_a_planted_outlier_costs_w8a8_much_more_than_the_same_model_rotated():
     torch.manual_seed(0)
     model = make_model(norm="rmsnorm", d=128)
-    x, y = batch()
+    x, y = batch(generator_for(0, "test-quant"), 8, 32)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     for _ in range(20):  # some structure, so the loss is sensitive to its inputs
         model(x, y)[1].backward()
@@ -177,7 +173,7 @@ def test_a_planted_outlier_costs_w8a8_much_more_than_the_same_model_rotated():
 
 def test_the_penalty_s_standard_error_is_the_spread_of_per_sequence_differences():
     model = make_model(norm="layernorm", rotation="none")
-    x, y = batch()
+    x, y = batch(generator_for(0, "test-quant"), 8, 32)
     se = quantised_delta_se(model, x, y)
     assert se.shape == (len(SCHEMES),) and (se > 0).all()
     # by hand: per-sequence losses, float and under each scheme, sd of the difference / sqrt(B)

@@ -251,13 +251,13 @@ def test_ids_recomputed_from_config_json_match_the_study(twins: Path) -> None:  
 
 @pytest.fixture(scope="module")
 def ladder(tmp_path_factory: pytest.TempPathFactory):
-    from synthetic_store import write_store
+    from synthetic_store import Synthetic
 
-    return write_store(
-        tmp_path_factory.mktemp("r"), name="ladder", sizes=(32, 64), seeds=(0, 1, 2),
-        lrs={"adam": [1e-3, 3e-3, 1e-2], "sgd": [0.1, 0.3]},
-        best_lrs={"adam": 3e-3, "sgd": 0.3}, steps=(0, 25, 50, 75, 100), seed=4,
-    )  # fmt: skip
+    return (Synthetic("ladder", seed=4)
+            .trials(sizes=(32, 64), seeds=(0, 1, 2), lrs={"adam": [1e-3, 3e-3, 1e-2], "sgd": [0.1, 0.3]})
+            .planted(best_lrs={"adam": 3e-3, "sgd": 0.3})
+            .rows(steps=(0, 25, 50, 75, 100))
+            .write(tmp_path_factory.mktemp("r")))  # fmt: skip
 
 
 def test_best_lr_picks_the_lowest_seed_mean_loss_and_flags_edges(ladder) -> None:
@@ -295,10 +295,11 @@ def test_best_lr_tests_a_tie_paired_on_the_seeds_the_lrs_share(tmp_path: Path) -
     """Seeds are paired across lrs (same init and data order): a runner-up 0.02 worse on every
     seed is decided even where seeds differ by 0.5, and a runner-up that swaps sign by seed is a
     tie; with one shared seed the margin is that seed's, the rule unpaired."""
-    from synthetic_store import write_store
+    from synthetic_store import Synthetic
 
-    store = write_store(tmp_path, name="pairs", sizes=(32,), seeds=(0, 1, 2), steps=(0, 10), optimizers=("adam",),
-                        lrs={"adam": [1e-3, 3e-3, 1e-2]})  # fmt: skip
+    store = (Synthetic("pairs").trials(sizes=(32,), seeds=(0, 1, 2), optimizers=("adam",), lrs={"adam": [1e-3, 3e-3, 1e-2]})
+             .rows(steps=(0, 10))
+             .write(tmp_path))  # fmt: skip
     runs = load(store.path).runs.collect()
 
     def with_losses(offsets: dict[float, list[float]]) -> pl.DataFrame:
@@ -324,23 +325,28 @@ def test_best_lr_tests_a_tie_paired_on_the_seeds_the_lrs_share(tmp_path: Path) -
 
 
 def test_best_lr_flags_untuned_ties_and_skips_diverged_lrs(tmp_path: Path) -> None:
-    from synthetic_store import write_store
+    from synthetic_store import Synthetic
 
-    one = write_store(tmp_path, name="one", sizes=(32, 64), seeds=(0,), steps=(0, 10))
+    one = Synthetic("one").trials(sizes=(32, 64), seeds=(0,)).rows(steps=(0, 10)).write(tmp_path)
     best = sel.best_lr(load(one.path))
     assert best.get_column("untuned").all() and set(best.get_column("flag")) == {"untuned (one lr)"}
     # a flat loss (no lr penalty): the runner-up cannot be told apart
-    flat = write_store(tmp_path, name="flat", sizes=(32,), seeds=(0, 1, 2), steps=(0, 10),
-                       optimizers=("adam",), lrs={"adam": [1e-3, 3e-3]}, lr_penalty=0.0, noise=0.5)  # fmt: skip
+    flat = (Synthetic("flat").trials(sizes=(32,), seeds=(0, 1, 2), optimizers=("adam",), lrs={"adam": [1e-3, 3e-3]})
+            .planted(lr_penalty=0.0, noise=0.5)
+            .rows(steps=(0, 10))
+            .write(tmp_path))  # fmt: skip
     assert sel.best_lr(load(flat.path)).get_column("tie").to_list() == [True]
     # the lowest lr's first trial diverges: that lr is never chosen, though the loss says so
-    low = write_store(tmp_path, name="div", sizes=(32,), seeds=(0, 1), steps=(0, 10), optimizers=("adam",),
-                      lrs={"adam": [3e-3, 1e-2]}, best_lrs={"adam": 3e-3}, diverged=1)  # fmt: skip
+    low = (Synthetic("div").trials(sizes=(32,), seeds=(0, 1), optimizers=("adam",), lrs={"adam": [3e-3, 1e-2]}, diverged=1)
+           .planted(best_lrs={"adam": 3e-3})
+           .rows(steps=(0, 10))
+           .write(tmp_path))  # fmt: skip
     b = sel.best_lr(load(low.path)).row(0, named=True)
     assert b["lr"] == 1e-2 and b["n_lrs"] == 2 and b["edge"] == "high"
     # with one lr, a diverged seed does not drop the config: it is chosen, and flagged
-    one_div = write_store(tmp_path, name="div1", sizes=(32,), seeds=(0, 1), steps=(0, 10),
-                          optimizers=("adam",), diverged=1)  # fmt: skip
+    one_div = (Synthetic("div1").trials(sizes=(32,), seeds=(0, 1), optimizers=("adam",), diverged=1)
+               .rows(steps=(0, 10))
+               .write(tmp_path))  # fmt: skip
     b = sel.best_lr(load(one_div.path)).row(0, named=True)
     assert b["n"] == 1 and b["diverged"] == 1 and "diverged" in b["flag"]
 
@@ -396,14 +402,16 @@ def test_group_size_table_reads_group_sizes_and_ends(tmp_path) -> None:
     """partial(k) -> k, shared -> n_layers; the ends in bases of their own, in the group's basis
     (-groupends, and shared) or unrotated (-noemb); none and independent left out; values are the
     computation-basis kurtosis over the exact null per site."""
-    from synthetic_store import write_store
+    from synthetic_store import Synthetic
 
     from analysis import selection
     from analysis.null import kurtosis_null
 
     rots = ["none", "independent", "shared", ("partial", 1), ("partial", 2), ("partial", 2, False), ("partial", 2, "group")]
-    s = write_store(tmp_path, name="sharing", sizes=(64,), n_layers=4, optimizers=("adam",), seeds=(0, 1),
-                    rotations=rots, steps=(0, 10), sharing=True, quant=False)  # fmt: skip
+    s = (Synthetic("sharing").trials(sizes=(64,), n_layers=4, optimizers=("adam",), seeds=(0, 1), rotations=rots)
+         .planted(sharing=True)
+         .rows(steps=(0, 10), quant=False)
+         .write(tmp_path))  # fmt: skip
     r = load(s.path)
     t = selection.group_size_table(r).collect()
     got = {(row["rotation_label"], row["site"]): (row["group_size_x"], row["ends"]) for row in t.iter_rows(named=True)}

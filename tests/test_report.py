@@ -102,10 +102,12 @@ fixed_random_basis: rotated_adam), so every side of the primary contrast has two
 
 
 def _family_store(tmp_path: Path, name: str):
-    from synthetic_store import write_store
+    from synthetic_store import Synthetic
 
-    return write_store(tmp_path, name=name, optimizers=FAMILY_OPTIMIZERS,
-                       exponents={"lion": 0.6, "rotated_adam": None}, steps=(0, 10), quant=False, seed=3)  # fmt: skip
+    return (Synthetic(name, seed=3).trials(optimizers=FAMILY_OPTIMIZERS)
+            .planted(exponents={"lion": 0.6, "rotated_adam": None})
+            .rows(steps=(0, 10), quant=False)
+            .write(tmp_path))  # fmt: skip
 
 
 def test_family_differences_take_the_optimisers_as_the_unit(tmp_path: Path) -> None:
@@ -211,12 +213,13 @@ def test_a_family_difference_carried_by_one_optimiser_is_not_a_family_effect(tmp
     tables together."""
     import numpy as np
     from statsmodels.stats.multitest import multipletests
-    from synthetic_store import write_store
+    from synthetic_store import Synthetic
 
     optimizers = ("adam", "lion", "adafactor", "sgd", "rotated_adam", "soap")
-    s = write_store(tmp_path, name="one", optimizers=optimizers, seeds=(0, 1, 2, 3, 4), noise=0.01,
-                    layer_noise=0.002, exponents={"adam": 0.5, **{o: None for o in optimizers[1:]}},
-                    steps=(0, 10), quant=False, seed=5)  # fmt: skip
+    s = (Synthetic("one", seed=5).trials(optimizers=optimizers, seeds=(0, 1, 2, 3, 4))
+         .planted(noise=0.01, layer_noise=0.002, exponents={"adam": 0.5, **{o: None for o in optimizers[1:]}})
+         .rows(steps=(0, 10), quant=False)
+         .write(tmp_path))  # fmt: skip
     specs = (FitSpec("kurtosis", over_null=True, chart=False),)
     rep = write_report(s.path, tmp_path / "rep", formats=("svg",), fit_specs=specs, n_boot=20)
     slope = rep.family_comparisons.filter(pl.col("role") == "primary").row(0, named=True)
@@ -248,9 +251,10 @@ def test_the_primary_contrast_is_a_report_option(tmp_path: Path) -> None:
     assert primary.row(0, named=True)["family_a"] == "fixed_random_basis"
     assert rep.family_levels.filter(pl.col("role") == "primary").height == 1
     _the_note_counts_the_other_p_values(rep)
-    from synthetic_store import write_store
+    from synthetic_store import Synthetic
 
-    one_each = write_store(tmp_path / "one", sizes=(32, 64), seeds=(0, 1), optimizers=("adam", "sgd"))  # no p
+    one_each = (Synthetic().trials(sizes=(32, 64), seeds=(0, 1), optimizers=("adam", "sgd"))
+                .write(tmp_path / "one"))  # no p
     untested = write_report(one_each.path, tmp_path / "d", formats=("svg",), fit_specs=specs, n_boot=20)
     assert "here with no p-value" in _the_note_counts_the_other_p_values(untested)
     none = write_report(s.path, tmp_path / "b", formats=("svg",), fit_specs=specs, n_boot=20, primary="none")
@@ -276,12 +280,13 @@ def test_the_top1_share_is_fitted_where_recorded_and_skipped_quietly_where_not(r
     """The default fits include the width-honest top-1 energy share (a plain power law of the
     share at resid and mlp_in): a store that records it gets the fit and its chart; a store
     written before the metric existed gets neither, and no note about it."""
-    from synthetic_store import SITE_METRICS, write_store
+    from synthetic_store import SITE_METRICS, Synthetic
 
     old, _ = report
     assert not any("top1_share" in n for n in old.notes)
     assert not old.fits.get_column("fit").str.starts_with("top1_share").any()
-    s = write_store(tmp_path, name="share", metrics=(*SITE_METRICS, "top1_share"), steps=(0, 10), quant=False, seed=4)
+    s = (Synthetic("share", seed=4).rows(metrics=(*SITE_METRICS, "top1_share"), steps=(0, 10), quant=False)
+         .write(tmp_path))
     rep = write_report(s.path, tmp_path / "rep", formats=("svg",), n_boot=20)
     share = rep.fits.filter(pl.col("fit").str.starts_with("top1_share"))
     assert sorted(share.get_column("fit").unique().to_list()) == [
@@ -292,9 +297,11 @@ def test_the_top1_share_is_fitted_where_recorded_and_skipped_quietly_where_not(r
 
 def test_a_fit_through_two_points_says_it_has_no_interval(tmp_path: Path) -> None:
     """One seed at two sizes: an exact line, no interval; the tables say "(no CI)", not [nan, nan]."""
-    from synthetic_store import write_store
+    from synthetic_store import Synthetic
 
-    two = write_store(tmp_path, name="two", sizes=(32, 64), seeds=(0,), steps=(0, 10), quant=False, seed=2)
+    two = (Synthetic("two", seed=2).trials(sizes=(32, 64), seeds=(0,))
+           .rows(steps=(0, 10), quant=False)
+           .write(tmp_path))
     rep = write_report(two.path, tmp_path / "rep", formats=("svg",), fit_specs=(FitSpec("kurtosis", over_null=True, chart=False),),
                        n_boot=20)  # fmt: skip
     assert rep.fits.height == 2 and rep.fits.get_column("exponent_low").is_nan().all()
@@ -305,10 +312,12 @@ def test_a_fit_through_two_points_says_it_has_no_interval(tmp_path: Path) -> Non
 def test_control_excess_keeps_fits_that_offset_3_loses(tmp_path: Path) -> None:
     """At small width the no-privilege kurtosis reads 3(d-1)/(d+1) < 3: a small excess measured
     against 3 goes negative (undefined fit); against the control, and over the null, it is defined."""
-    from synthetic_store import write_store
+    from synthetic_store import Synthetic
 
-    small = write_store(tmp_path, name="small", sizes=(16, 24, 32), optimizers=("adam",),
-                        amplitude=0.1, exponents={"adam": 0.3}, steps=(0, 10), seed=1)  # fmt: skip
+    small = (Synthetic("small", seed=1).trials(sizes=(16, 24, 32), optimizers=("adam",))
+             .planted(amplitude=0.1, exponents={"adam": 0.3})
+             .rows(steps=(0, 10))
+             .write(tmp_path))  # fmt: skip
     specs = (FitSpec("kurtosis", offset=3.0, chart=False), FitSpec("kurtosis", control=True, chart=False),
              FitSpec("kurtosis", over_null=True, chart=False))  # fmt: skip
     rep = write_report(small.path, tmp_path / "rep", formats=("svg",), fit_specs=specs, n_boot=20)
@@ -323,9 +332,9 @@ def test_control_excess_keeps_fits_that_offset_3_loses(tmp_path: Path) -> None:
 
 def test_one_seed_at_three_sizes_prints_no_p_value(tmp_path: Path) -> None:
     """Issue 23 item 3: the bootstrap over three points printed p = 0.0025 for every pair."""
-    from synthetic_store import write_store
+    from synthetic_store import Synthetic
 
-    one = write_store(tmp_path, name="one", seeds=(0,), steps=(0, 10), seed=1)
+    one = Synthetic("one", seed=1).trials(seeds=(0,)).rows(steps=(0, 10)).write(tmp_path)
     specs = (FitSpec("kurtosis", chart=False),)
     rep = write_report(one.path, tmp_path / "rep", formats=("svg",), fit_specs=specs, n_boot=800)
     row = rep.comparisons.row(0, named=True)
@@ -338,10 +347,11 @@ def test_one_seed_at_three_sizes_prints_no_p_value(tmp_path: Path) -> None:
 
 
 def test_main_charts_show_best_lr_points_and_say_so(tmp_path: Path) -> None:
-    from synthetic_store import write_store
+    from synthetic_store import Synthetic
 
-    ladder = write_store(tmp_path, name="ladder", sizes=(32, 64), seeds=(0, 1), steps=(0, 50, 100),
-                         lrs={"adam": [1e-3, 3e-3, 1e-2], "sgd": [0.1, 0.3]}, seed=3)  # fmt: skip
+    ladder = (Synthetic("ladder", seed=3).trials(sizes=(32, 64), seeds=(0, 1), lrs={"adam": [1e-3, 3e-3, 1e-2], "sgd": [0.1, 0.3]})
+              .rows(steps=(0, 50, 100))
+              .write(tmp_path))  # fmt: skip
     rep = write_report(ladder.path, tmp_path / "rep", formats=("svg",), n_boot=20)
     assert "best-lr points" in rep.captions["kurtosis_resid_over_null_vs_params"]
     assert "best lr" in rep.captions["kurtosis_vs_loss"]
@@ -378,10 +388,11 @@ def test_main_charts_show_best_lr_points_and_say_so(tmp_path: Path) -> None:
 
 def test_one_lr_beside_ladders_is_flagged_where_it_is_read(tmp_path: Path) -> None:
     """Issue 33: a width or optimiser run at one lr in a store of ladders read as tuned in the fits."""
-    from synthetic_store import write_store
+    from synthetic_store import Synthetic
 
-    mixed = write_store(tmp_path, name="mixed", sizes=(32, 64), seeds=(0,), steps=(0, 100),
-                        lrs={"adam": [1e-3, 3e-3, 1e-2]}, seed=3)  # fmt: skip
+    mixed = (Synthetic("mixed", seed=3).trials(sizes=(32, 64), seeds=(0,), lrs={"adam": [1e-3, 3e-3, 1e-2]})
+             .rows(steps=(0, 100))
+             .write(tmp_path))  # fmt: skip
     specs = (FitSpec("kurtosis", chart=False),)
     rep = write_report(mixed.path, tmp_path / "rep", formats=("svg",), fit_specs=specs, n_boot=20)
     flagged = [n for n in rep.notes if "best-lr choices are flagged" in n]
@@ -510,11 +521,13 @@ def test_fits_do_not_depend_on_the_order_rows_are_read_in(store) -> None:  # noq
 
 def test_sharing_sweep_gets_the_group_size_chart(tmp_path: Path) -> None:
     """A sweep over rotation group sizes (ends rotated and not) gets kurtosis against group size."""
-    from synthetic_store import write_store
+    from synthetic_store import Synthetic
 
     rots = ["none", ("partial", 1), ("partial", 2), ("partial", 1, False), ("partial", 2, False)]
-    s = write_store(tmp_path, name="sharing", sizes=(64,), n_layers=2, optimizers=("adam",), seeds=(0, 1),
-                    rotations=rots, steps=(0, 10), sharing=True, quant=False)  # fmt: skip
+    s = (Synthetic("sharing").trials(sizes=(64,), n_layers=2, optimizers=("adam",), seeds=(0, 1), rotations=rots)
+         .planted(sharing=True)
+         .rows(steps=(0, 10), quant=False)
+         .write(tmp_path))  # fmt: skip
     rep = write_report(s.path, tmp_path / "rep", formats=("svg",), n_boot=20)
     assert "kurtosis_vs_group_size" in rep.charts
     assert "share one basis" in rep.captions["kurtosis_vs_group_size"]
@@ -522,9 +535,11 @@ def test_sharing_sweep_gets_the_group_size_chart(tmp_path: Path) -> None:
 
 
 def test_one_family_still_gets_raw_kurtosis_against_size_with_its_null(tmp_path: Path) -> None:
-    from synthetic_store import write_store
+    from synthetic_store import Synthetic
 
-    s = write_store(tmp_path, name="adam", sizes=(32, 64), optimizers=("adam",), seeds=(0,), steps=(0, 10), quant=False)
+    s = (Synthetic("adam").trials(sizes=(32, 64), optimizers=("adam",), seeds=(0,))
+         .rows(steps=(0, 10), quant=False)
+         .write(tmp_path))
     rep = write_report(s.path, tmp_path / "rep", formats=("svg",), n_boot=20)
     assert "kurtosis_vs_params" in rep.charts and "kurtosis_by_family" not in rep.charts
     svg = (tmp_path / "rep" / "kurtosis_vs_params.svg").read_text()
@@ -534,9 +549,11 @@ def test_one_family_still_gets_raw_kurtosis_against_size_with_its_null(tmp_path:
 def test_the_quantisation_note_reads_the_eval_batch_floor_where_it_was_recorded(tmp_path) -> None:
     """Was: the report's metric pass kept quant_loss_delta only, so every store read 'no eval-batch
     floor recorded' though trials since study.quant writes quant_loss_delta_se beside it."""
-    from synthetic_store import write_store
+    from synthetic_store import Synthetic
 
-    s = write_store(tmp_path, name="floor", sizes=(32, 64), seeds=(0, 1), steps=(0, 10), quant_se=True)
+    s = (Synthetic("floor").trials(sizes=(32, 64), seeds=(0, 1))
+         .rows(steps=(0, 10), quant_se=True)
+         .write(tmp_path))
     rep = write_report(s.path, tmp_path / "out", formats=("svg",), n_boot=50)
     notes = [n for n in rep.notes if n.startswith(("W8A8", "W4A4"))]
     assert len(notes) == 2 and all("eval-batch floor (2 SE" in n for n in notes), notes

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from synthetic_store import write_store
+from synthetic_store import Synthetic
 
 from analysis.load import load
 from analysis.report import content, optimum, write_report
@@ -16,12 +16,13 @@ from analysis.report import content, optimum, write_report
 @pytest.fixture(scope="module")
 def twins(tmp_path_factory: pytest.TempPathFactory):
     ladder = [3e-4, 1e-3, 3e-3, 1e-2, 3e-2]
-    return write_store(
-        tmp_path_factory.mktemp("t"), name="twins", sizes=(32, 64), seeds=(0, 1, 2), steps=(0, 10), quant=False,
-        optimizers=("adam", "rotated_adam", "sgd"), lrs={"adam": ladder, "rotated_adam": ladder, "sgd": [0.1, 0.3, 1.0]},
-        best_lrs={"adam": 3e-3, "rotated_adam": 3e-3, "sgd": 0.3}, lr_penalty=0.5, basis_test=True, seed=5,
-        exponents={"adam": 0.5, "rotated_adam": None, "sgd": None},
-    )  # fmt: skip
+    return (Synthetic("twins", seed=5)
+            .trials(sizes=(32, 64), seeds=(0, 1, 2), optimizers=("adam", "rotated_adam", "sgd"),
+                    lrs={"adam": ladder, "rotated_adam": ladder, "sgd": [0.1, 0.3, 1.0]})
+            .planted(best_lrs={"adam": 3e-3, "rotated_adam": 3e-3, "sgd": 0.3}, lr_penalty=0.5,
+                     exponents={"adam": 0.5, "rotated_adam": None, "sgd": None})
+            .rows(steps=(0, 10), quant=False, basis_test=True)
+            .write(tmp_path_factory.mktemp("t")))  # fmt: skip
 
 
 def test_the_section_fills_its_tables_chart_and_notes(twins) -> None:
@@ -59,6 +60,8 @@ def test_the_report_writes_the_tables(twins, tmp_path: Path) -> None:
 
 
 def test_no_ladder_no_section(tmp_path: Path) -> None:
-    s = write_store(tmp_path, name="flat", sizes=(32, 64), seeds=(0, 1), steps=(0, 10), quant=False, seed=1)
+    s = (Synthetic("flat", seed=1).trials(sizes=(32, 64), seeds=(0, 1))
+         .rows(steps=(0, 10), quant=False)
+         .write(tmp_path))
     c = content.build(load(s.path), n_boot=20, sections=[optimum.SECTION])
     assert c.optimum.height == 0 and not c.charts and not c.twins.height

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,21 +19,21 @@ from analysis import queries, selection  # noqa: E402
 from analysis.load import Results, load  # noqa: E402
 from analysis.null import kurtosis_null, top_share_null  # noqa: E402
 from analysis.report import privilege  # noqa: E402
-from synthetic_store import CONTROL_SD, SyntheticStore, write_store  # noqa: E402
+from synthetic_store import CONTROL_SD, Synthetic, SyntheticStore  # noqa: E402
 
 KEYS = ["trial_id", "step", "layer", "site", "basis", "metric"]
-STORE = dict(sizes=(32, 64), optimizers=("adam", "sgd"), rotations=("none", "shared"), seeds=(0, 1, 2),
-             steps=(0, 50, 100), quant=False, seed=11)  # fmt: skip
+STORE = (Synthetic(seed=11).trials(sizes=(32, 64), optimizers=("adam", "sgd"), rotations=("none", "shared"), seeds=(0, 1, 2))
+         .rows(steps=(0, 50, 100), quant=False))
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> SyntheticStore:
-    return write_store(tmp_path_factory.mktemp("r"), name="tested", basis_test=True, **STORE)  # type: ignore[arg-type]
+    return replace(STORE, name="tested").rows(basis_test=True).write(tmp_path_factory.mktemp("r"))
 
 
 @pytest.fixture(scope="module")
 def old_store(tmp_path_factory: pytest.TempPathFactory) -> SyntheticStore:
-    return write_store(tmp_path_factory.mktemp("r"), name="old", **STORE)  # type: ignore[arg-type]
+    return replace(STORE, name="old").write(tmp_path_factory.mktemp("r"))
 
 
 def _final(r: Results) -> pl.DataFrame:
@@ -182,8 +183,9 @@ def test_an_old_store_gets_one_note_and_nothing_else(old_store) -> None:
 
 
 def test_one_size_gets_the_table_and_no_chart(tmp_path: Path) -> None:
-    one = write_store(tmp_path, name="one", sizes=(32,), optimizers=("adam",), seeds=(0,), steps=(0, 10),
-                      quant=False, basis_test=True)  # fmt: skip
+    one = (Synthetic("one").trials(sizes=(32,), optimizers=("adam",), seeds=(0,))
+           .rows(steps=(0, 10), quant=False, basis_test=True)
+           .write(tmp_path))  # fmt: skip
     main, done = _main(load(one.path))
     built: dict[str, tuple[Any, str]] = {}
     notes: list[str] = []

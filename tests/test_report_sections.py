@@ -10,7 +10,7 @@ from pathlib import Path
 import altair as alt
 import polars as pl
 import pytest
-from synthetic_store import SyntheticStore, write_store
+from synthetic_store import Synthetic, SyntheticStore
 
 from analysis.load import load
 from analysis.report import content, scaling, write_report
@@ -20,8 +20,9 @@ from analysis.report.table import Table
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory: pytest.TempPathFactory) -> SyntheticStore:
-    return write_store(tmp_path_factory.mktemp("r"), name="small", sizes=(32, 64), seeds=(0, 1), steps=(0, 10),
-                       quant=False, seed=4)  # fmt: skip
+    return (Synthetic("small", seed=4).trials(sizes=(32, 64), seeds=(0, 1))
+            .rows(steps=(0, 10), quant=False)
+            .write(tmp_path_factory.mktemp("r")))  # fmt: skip
 
 
 def _extra(ctx: Context) -> None:
@@ -71,7 +72,9 @@ def test_each_section_reads_the_metrics_it_declares(small) -> None:
 
 
 def test_sections_that_need_finished_trials_are_skipped_where_none_finished(tmp_path: Path) -> None:
-    s = write_store(tmp_path, name="none", sizes=(32,), optimizers=("adam",), seeds=(0, 1), failed=2, checks=False)
+    s = (Synthetic("none").trials(sizes=(32,), optimizers=("adam",), seeds=(0, 1), failed=2)
+         .rows(checks=False)
+         .write(tmp_path))
     ran: list[str] = []
     needs = Section("needs", lambda ctx: ran.append("needs"))
     always = Section("always", lambda ctx: ran.append("always"), needs_done=False)

@@ -5,6 +5,7 @@ attention axis and sink rows they read (tests/synthetic_store.py with attentions
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import polars as pl
@@ -16,21 +17,21 @@ from analysis import queries, selection  # noqa: E402
 from analysis.load import Results, load  # noqa: E402
 from analysis.query_base import prepare_runs  # noqa: E402
 from analysis.report import sinks  # noqa: E402
-from synthetic_store import SINK_SHARE, UNIFORM_FIRST, SyntheticStore, write_store  # noqa: E402
+from synthetic_store import SINK_SHARE, Synthetic, SyntheticStore, UNIFORM_FIRST  # noqa: E402
 
 KEYS = ["trial_id", "step", "layer", "site", "basis", "metric"]
-STORE = dict(sizes=(64,), optimizers=("adam", "sgd"), seeds=(0, 1, 2), steps=(0, 50, 100), quant=False, seed=5)
+STORE = Synthetic(seed=5).trials(sizes=(64,), optimizers=("adam", "sgd"), seeds=(0, 1, 2)).rows(steps=(0, 50, 100), quant=False)
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> SyntheticStore:
-    return write_store(tmp_path_factory.mktemp("r"), name="attention", attentions=("softmax", "gated", "clipped"),
-                       sinks=True, **STORE)  # type: ignore[arg-type]
+    return (replace(STORE, name="attention").trials(attentions=("softmax", "gated", "clipped")).rows(sinks=True)
+            .write(tmp_path_factory.mktemp("r")))
 
 
 @pytest.fixture(scope="module")
 def old_store(tmp_path_factory: pytest.TempPathFactory) -> SyntheticStore:
-    return write_store(tmp_path_factory.mktemp("r"), name="old", **STORE)  # type: ignore[arg-type]
+    return replace(STORE, name="old").write(tmp_path_factory.mktemp("r"))
 
 
 def _main(r: Results) -> tuple[Results, pl.DataFrame]:
@@ -42,7 +43,7 @@ def _main(r: Results) -> tuple[Results, pl.DataFrame]:
 
 
 def test_the_sink_rows_add_to_an_older_store_and_change_none_of_its_rows(tmp_path, old_store) -> None:
-    new = write_store(tmp_path, name="softmax_only", sinks=True, **STORE)  # type: ignore[arg-type]
+    new = replace(STORE, name="softmax_only").rows(sinks=True).write(tmp_path)
     a, b = load(new.path).metrics.collect(), load(old_store.path).metrics.collect()
     both = b.join(a, on=KEYS, how="left", suffix="_new")
     assert both.get_column("value_new").null_count() == 0 and (both["value"] == both["value_new"]).all()
@@ -87,8 +88,8 @@ def test_versus_puts_each_configs_sink_against_its_kurtosis_over_the_null(store)
 
 
 def test_the_note_finds_the_sink_tracking_the_excess_where_only_the_attention_varies(tmp_path) -> None:
-    s = write_store(tmp_path, name="adam_only", attentions=tuple(SINK_SHARE), sinks=True,
-                    **{**STORE, "optimizers": ("adam",)})  # type: ignore[arg-type]
+    s = (replace(STORE, name="adam_only").trials(attentions=tuple(SINK_SHARE), optimizers=("adam",)).rows(sinks=True)
+         .write(tmp_path))
     main, _ = _main(load(s.path))
     note = sinks.tracking_note(main)
     rho = [float(part.split("ρ = ")[1][:4]) for part in note.split("; ") if "ρ = " in part]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import invoke
 from sweep import tracking
 from sweep.grid import expand
 from sweep.spec import parse_spec
@@ -29,32 +30,16 @@ LAYERS = ["kurtosis/resid/L0", "kurtosis/resid/L1", "kurtosis/resid/L2"]
 
 
 @pytest.fixture(scope="module")
-def local_ray(tmp_path_factory):
-    """A local Ray on loopback, W&B offline into a temporary folder (the env is set before Ray
-    starts, so W&B's logging actors inherit it); stopped by handle."""
-    import ray
-
-    from sweep.launch import _loopback_only
-
-    wandb_dir = tmp_path_factory.mktemp("wandb")
-    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(wandb_dir), "WANDB_SILENT": "true",
-           # a loaded CI box can take longer than W&B's default 90 s to start its service and a run
-           "WANDB_INIT_TIMEOUT": "600", "WANDB__SERVICE_WAIT": "600"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    _loopback_only()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
-             _node_ip_address="127.0.0.1")
-    try:
-        yield wandb_dir
-    finally:
-        ray.shutdown()
-        for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+def ray_env(tmp_path_factory) -> dict[str, str]:
+    """W&B offline into a temporary folder, set before conftest's local_ray starts Ray (so W&B's
+    logging actors inherit it)."""
+    return {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path_factory.mktemp("wandb")), "WANDB_SILENT": "true",
+            # a loaded CI box can take longer than W&B's default 90 s to start its service and a run
+            "WANDB_INIT_TIMEOUT": "600", "WANDB__SERVICE_WAIT": "600"}
 
 
 @pytest.fixture(scope="module")
-def swept(tmp_path_factory, local_ray):
+def swept(tmp_path_factory, ray_env, local_ray):
     """One sweep of two trials with all three trackers attached."""
     from resultstore.writer import ResultsStore
     from sweep.launch import run_sweep
@@ -68,7 +53,7 @@ def swept(tmp_path_factory, local_ray):
     outcome = run_sweep(spec, trials, ResultsStore(tmp / "results", spec.name), on_start=lambda todo: [
         cb for kind, target in targets.items() for cb in tracking.callbacks(kind, target, spec.name, todo)])
     assert outcome.failed == [] and outcome.missing == []
-    return local_ray, tmp, trials, targets
+    return Path(ray_env["WANDB_DIR"]), tmp, trials, targets
 
 
 def wandb_records(path: Path):
@@ -310,14 +295,9 @@ def test_the_reports_charts_are_tensorboard_images_under_the_sweeps_folder(swept
 
 @pytest.mark.slow
 def test_sweep_run_with_a_tracker_attaches_the_report_when_the_sweep_ends(tmp_path, local_ray):
-    from typer.testing import CliRunner
-
-    from sweep.cli import app
-
     spec = tmp_path / "s.yaml"
     spec.write_text(json.dumps({**SPEC, "grid": {**SPEC["grid"], "optimizer": [{"name": "adam", "lr": 3e-3}]}}))
-    result = CliRunner().invoke(app, ["run", str(spec), "--results", str(tmp_path / "r"), "--tracker", "tensorboard",
-                                      "--tracker-uri", str(tmp_path / "tb")])
+    result = invoke("run", spec, "--results", tmp_path / "r", "--tracker", "tensorboard", "--tracker-uri", tmp_path / "tb")
     assert result.exit_code == 0, result.output
     assert "Report attached: TensorBoard" in result.output
     assert (tmp_path / "r" / "tracked" / "report" / "index.html").exists()

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from study.config import TrialConfig
+from conftest import tiny
 from study.train import MemorySink, StopTraining, lr_at, train
 from variants import OPTIMIZERS as ALL_OPTIMIZERS
 
@@ -13,21 +13,12 @@ OPTIMIZERS = [ALL_OPTIMIZERS[n] for n in ("adam", "sgd", "rotated_adam")]  # the
 BEYOND = [o for n, o in ALL_OPTIMIZERS.items() if n not in ("adam", "sgd", "rotated_adam")]  # one variant each
 
 
-def tiny(steps=6, **kw):
-    base = dict(model={"d_model": 32, "n_layers": 2, "n_heads": 2}, data={"seq_len": 16},
-                optimizer={"name": "adam", "lr": 3e-3},
-                train={"steps": steps, "batch_size": 4, "eval_every": 3, "eval_batch": {"sequences": 2},
-                       "checkpoint_every": 0, "invariance_check": False})
-    base.update(kw)
-    return TrialConfig(**base)
-
-
 @pytest.mark.parametrize("norm", NORMS)
 @pytest.mark.parametrize("rotation", ROTATIONS, ids=str)
 @pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=lambda o: o["name"])
 def test_smoke_train_every_variant(norm, rotation, optimizer):
     sink = MemorySink()
-    summary = train(tiny(norm=norm, rotation=rotation, optimizer=optimizer), sink)
+    summary = train(tiny(6, 3, norm=norm, rotation=rotation, optimizer=optimizer), sink)
     assert summary.status == "done" and summary.steps == 6
     assert math.isfinite(summary.final_val_loss) and summary.final_val_loss < math.log(256) + 0.5
     steps = sorted({r["step"] for r in sink.tables["metrics"]})
@@ -41,9 +32,8 @@ def test_every_attention_trains_with_its_sink_rows_and_stays_invariant(attention
     """The trial loop with each attention variant (issue 36): done, its runs column, a sink row per
     block and eval, and the float64 invariance check ~0 under rmsnorm_scalar."""
     sink = MemorySink()
-    cfg = tiny(norm="rmsnorm_scalar", rotation="independent", attention=attention,
-               train={"steps": 6, "batch_size": 4, "eval_every": 3, "eval_batch": {"sequences": 2},
-                      "checkpoint_every": 0, "invariance_check": True})
+    cfg = tiny(6, 3, norm="rmsnorm_scalar", rotation="independent", attention=attention,
+               train={"invariance_check": True})
     summary = train(cfg, sink)
     assert summary.status == "done" and sink.run_row["attention"] == attention
     assert sink.run_row["params"] == cfg.params
@@ -55,7 +45,7 @@ def test_every_attention_trains_with_its_sink_rows_and_stays_invariant(attention
 @pytest.mark.parametrize("optimizer", BEYOND, ids=lambda o: o["name"])
 def test_smoke_train_each_further_optimizer(optimizer):
     sink = MemorySink()
-    summary = train(tiny(steps=12, norm="rmsnorm", rotation="shared", optimizer=optimizer), sink)
+    summary = train(tiny(12, 3, norm="rmsnorm", rotation="shared", optimizer=optimizer), sink)
     assert summary.status == "done" and summary.steps == 12
     assert summary.final_val_loss < sink.tables["curves"][0]["val_loss"]  # it learned something
     assert sink.run_row["optimizer"] == optimizer["name"] and sink.run_row["optimizer_family"]
@@ -63,8 +53,7 @@ def test_smoke_train_each_further_optimizer(optimizer):
 
 def test_rows_match_the_store_schema_and_loss_falls():
     sink = MemorySink()
-    cfg = tiny(steps=40, train={"steps": 40, "batch_size": 8, "eval_every": 20, "eval_batch": {"sequences": 2},
-                                "invariance_check": True})
+    cfg = tiny(40, 20, train={"batch_size": 8, "checkpoint_every": 500, "invariance_check": True})
     summary = train(cfg, sink)
     first_val = sink.tables["curves"][0]["val_loss"]
     assert summary.final_val_loss < first_val - 0.5
@@ -91,9 +80,8 @@ class CrashAt(MemorySink):
 
 @pytest.mark.parametrize("eval_every", [4, 3], ids=["evals-at-checkpoints", "checkpoints-between-evals"])
 def test_checkpoint_resume_gives_the_same_curve(tmp_path, eval_every):
-    cfg = tiny(steps=12, optimizer={"name": "rotated_adam", "lr": 3e-3}, rotation="shared",
-               train={"steps": 12, "batch_size": 4, "eval_every": eval_every, "eval_batch": {"sequences": 2},
-                      "checkpoint_every": 4, "invariance_check": False})
+    cfg = tiny(12, eval_every, optimizer={"name": "rotated_adam", "lr": 3e-3}, rotation="shared",
+               train={"checkpoint_every": 4})
     straight = MemorySink()
     train(cfg, straight, checkpoint_dir=tmp_path / "a")
 
@@ -111,16 +99,14 @@ def test_checkpoint_resume_gives_the_same_curve(tmp_path, eval_every):
 
 
 def test_resume_refuses_another_trials_checkpoint(tmp_path):
-    train(tiny(train={"steps": 4, "batch_size": 4, "eval_every": 2, "checkpoint_every": 2,
-                      "eval_batch": {"sequences": 2}, "invariance_check": False}), checkpoint_dir=tmp_path)
+    train(tiny(4, 2, train={"checkpoint_every": 2}), checkpoint_dir=tmp_path)
     with pytest.raises(ValueError, match="belongs to trial"):
-        train(tiny(seed=1), checkpoint_dir=tmp_path)
+        train(tiny(6, 3, seed=1), checkpoint_dir=tmp_path)
 
 
 def test_divergence_stops_early():
-    cfg = tiny(steps=30, optimizer={"name": "sgd", "lr": 1e4, "momentum": 0.99},
-               train={"steps": 30, "batch_size": 4, "eval_every": 5, "grad_clip": 0, "eval_batch": {"sequences": 2},
-                      "invariance_check": True})
+    cfg = tiny(30, 5, optimizer={"name": "sgd", "lr": 1e4, "momentum": 0.99},
+               train={"grad_clip": 0, "checkpoint_every": 500, "invariance_check": True})
     sink = MemorySink()
     summary = train(cfg, sink)
     assert summary.status == "diverged" and summary.steps < 30
@@ -128,7 +114,8 @@ def test_divergence_stops_early():
 
 
 def test_lr_schedule_warmup_then_cosine_to_floor():
-    cfg = tiny(steps=100, train={"steps": 100, "warmup": 10, "min_lr_ratio": 0.1})
+    cfg = tiny(100, 100, train={"warmup": 10, "min_lr_ratio": 0.1, "batch_size": 32, "eval_batch": {"sequences": 16},
+                          "checkpoint_every": 500, "invariance_check": True})  # TrainConfig's defaults
     lrs = [lr_at(cfg, s) for s in range(100)]
     assert lrs[0] == pytest.approx(3e-4) and lrs[9] == pytest.approx(3e-3)
     assert max(lrs) == pytest.approx(3e-3)
@@ -141,7 +128,7 @@ def test_training_applies_the_configured_torch_threads():
     want = before + 1
     sink = MemorySink()
     try:
-        train(tiny(steps=2, runtime={"num_threads": want, "device": "cpu"}), sink)
+        train(tiny(2, 3, runtime={"num_threads": want, "device": "cpu"}), sink)
         assert torch.get_num_threads() == want
         assert sink.run_row["device"].endswith(f", {want} threads)")  # in effect while it ran
     finally:
@@ -149,31 +136,26 @@ def test_training_applies_the_configured_torch_threads():
 
 
 def test_one_host_readback_per_eval_and_none_in_steps(readbacks):
-    train(tiny(steps=20, optimizer={"name": "rotated_adam", "lr": 3e-3},
-               train={"steps": 20, "batch_size": 4, "eval_every": 5, "eval_batch": {"sequences": 2},
-                      "checkpoint_every": 0, "invariance_check": False}))
+    train(tiny(20, 5, optimizer={"name": "rotated_adam", "lr": 3e-3}))
     readbacks.pop("numpy")  # the batch sampler draws window starts on a CPU generator: not a readback
     assert readbacks == {"tolist": 5, "item": 0, "cpu": 0}  # evals at 0, 5, 10, 15, 20
 
 
 def test_quantisation_cost_at_the_final_eval_and_every_kth():
     sink = MemorySink()
-    train(tiny(steps=12, train={"steps": 12, "batch_size": 4, "eval_every": 3, "eval_batch": {"sequences": 2},
-                                "checkpoint_every": 0, "invariance_check": False}), sink)
+    train(tiny(12, 3), sink)
     quant = [r for r in sink.tables["metrics"] if r["metric"] == "quant_loss_delta"]
     assert [(r["step"], r["layer"], r["site"], r["basis"]) for r in quant] == [(12, -1, "model", "w8a8"), (12, -1, "model", "w4a4")]
     d = {r["basis"]: r["value"] for r in quant}
     assert 0 < abs(d["w8a8"]) < abs(d["w4a4"]) and d["w4a4"] > 1e-3  # 4 bits cost more than 8
     sink = MemorySink()
-    train(tiny(steps=12, train={"steps": 12, "batch_size": 4, "eval_every": 3, "eval_batch": {"sequences": 2},
-                                "checkpoint_every": 0, "invariance_check": False, "quant_every": 2}), sink)
+    train(tiny(12, 3, train={"quant_every": 2}), sink)
     assert sorted({r["step"] for r in sink.tables["metrics"] if r["metric"] == "quant_loss_delta"}) == [0, 6, 12]
 
 
 def test_quantisation_cost_rides_in_the_evals_one_readback(readbacks):
-    train(tiny(steps=20, optimizer={"name": "rotated_adam", "lr": 3e-3},  # torch Adam's CPU path calls .item()
-               train={"steps": 20, "batch_size": 4, "eval_every": 5, "eval_batch": {"sequences": 2},
-                      "checkpoint_every": 0, "invariance_check": False, "quant_every": 1}))
+    train(tiny(20, 5, optimizer={"name": "rotated_adam", "lr": 3e-3},  # torch Adam's CPU path calls .item()
+               train={"quant_every": 1}))
     readbacks.pop("numpy")
     assert readbacks == {"tolist": 5, "item": 0, "cpu": 0}
 
@@ -188,7 +170,7 @@ def test_a_token_corpus_gives_the_sink_probe_its_corpus_delimiters(tmp_path):
 
     rng = np.random.default_rng(0)
     rng.zipf(1.3, 20_000).clip(max=499).astype(np.uint16).tofile(tmp_path / "train.bin")
-    cfg = tiny(data={"tokens": str(tmp_path / "train.bin"), "vocab_size": 500, "seq_len": 16})
+    cfg = tiny(6, 3, data={"tokens": str(tmp_path / "train.bin"), "vocab_size": 500, "seq_len": 16})
     setup = _build(cfg, "ddp")  # one process: no sharding
     want = corpus_token_info(setup.corpus).delimiter
     assert setup.probe.delimiter is not None and torch.equal(setup.probe.delimiter, want)

@@ -24,17 +24,10 @@ SPEC = {
 
 
 @pytest.fixture(scope="module")
-def local_ray(s3):
-    """A local Ray on loopback, started after the s3 fixture so its workers inherit the endpoint."""
-    import ray
-
-    from sweep.launch import _loopback_only
-
-    _loopback_only()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
-             _node_ip_address="127.0.0.1")
-    yield ray
-    ray.shutdown()
+def ray_env(s3) -> dict[str, str]:
+    """Nothing to add: asking for s3 starts it (AWS_ENDPOINT_URL set) before conftest's local_ray,
+    so the local Ray's workers inherit the endpoint."""
+    return {}
 
 
 class KillOneTrainWorkerAfterTheStoredCheckpoint:

@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import batch, tiny
 from study.config import TrialConfig
 from study.model import Transformer
 from study.optim import OPTIMIZERS, RotatedAdam, build_optimizer
@@ -26,6 +27,7 @@ from study.train import MemorySink, StopTraining, train
 F64 = torch.float64
 NAMES = [f"rotated_{b}" for b in TWINS]
 LR = {"adafactor": 3e-2, "lion": 3e-4, "signsgd": 3e-4}  # lrs that train the tiny models
+TWIN = {"norm": "rmsnorm", "rotation": "shared"}  # what the `tiny` trials here train with
 
 
 def trial(name: str, *, d_model: int = 32, vocab: int | None = None, seq_len: int = 16, seed: int = 0,
@@ -220,17 +222,11 @@ def test_twin_is_equivariant(name: str) -> None:
     torch.testing.assert_close(b[1], po @ a[1], rtol=0, atol=1e-12)
 
 
-def batch(cfg: TrialConfig, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(step)
-    x = torch.randint(0, cfg.vocab_size, (4, cfg.data.seq_len + 1), generator=g)
-    return x[:, :-1], x[:, 1:]
-
-
 def train_steps(cfg: TrialConfig, model, opt, start: int, stop: int, loss=None) -> None:
     for step in range(start, stop):
         for group in opt.param_groups:
             group["lr"] = cfg.optimizer.lr * (1 - step / 20)
-        (loss or (lambda x, y: model(x, y)[1]))(*batch(cfg, step)).backward()
+        (loss or (lambda x, y: model(x, y)[1]))(*batch(torch.Generator().manual_seed(step), 4, cfg.data.seq_len, cfg.vocab_size)).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
@@ -357,17 +353,10 @@ def test_state_dict_round_trip_continues_identically(name: str) -> None:
     assert all(torch.equal(saved["optim"]["state"][0][k], v) for k, v in before.items())
 
 
-def tiny(name: str, steps: int = 12, **train_kw) -> TrialConfig:
-    return TrialConfig(model={"d_model": 32, "n_layers": 2, "n_heads": 2}, data={"seq_len": 16}, norm="rmsnorm",
-                       rotation="shared", optimizer={"name": name, "lr": LR[base_of(name)]},
-                       train={"steps": steps, "batch_size": 4, "eval_every": 4, "eval_batch": {"sequences": 2},
-                              "checkpoint_every": 0, "invariance_check": False, **train_kw})
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_trains_through_study_train(name: str) -> None:
     sink = MemorySink()
-    summary = train(tiny(name), sink)
+    summary = train(tiny(optimizer={"name": name, "lr": LR[base_of(name)]}, **TWIN), sink)
     assert summary.status == "done" and summary.steps == 12
     assert summary.final_val_loss < sink.tables["curves"][0]["val_loss"] - 0.05  # it learned something
     row = sink.run_row
@@ -385,7 +374,7 @@ class CrashAt(MemorySink):
 
 
 def test_checkpoint_resume_through_study_train_gives_the_same_curve(tmp_path) -> None:
-    cfg = tiny("rotated_adafactor", checkpoint_every=4)
+    cfg = tiny(train={"checkpoint_every": 4}, optimizer={"name": "rotated_adafactor", "lr": LR["adafactor"]}, **TWIN)
     straight = MemorySink()
     train(cfg, straight, checkpoint_dir=tmp_path / "a")
     sink = CrashAt(8)
@@ -398,6 +387,6 @@ def test_checkpoint_resume_through_study_train_gives_the_same_curve(tmp_path) ->
 
 
 def test_the_wrapper_adds_no_host_readback(readbacks) -> None:
-    train(tiny("rotated_lion", steps=8))
+    train(tiny(8, optimizer={"name": "rotated_lion", "lr": LR["lion"]}, **TWIN))
     readbacks.pop("numpy")
     assert readbacks == {"tolist": 3, "item": 0, "cpu": 0}  # evals at 0, 4, 8
