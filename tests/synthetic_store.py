@@ -57,7 +57,6 @@ Everything is vectorised so ~10M metric rows take seconds.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -78,7 +77,7 @@ from study.optim import OPTIMIZER_FAMILY
 from resultstore.writer import ResultsStore
 
 __all__ = ["BASIS_TEST_METRICS", "CONTROL_SD", "FAMILIES", "NULL_MASS", "Planted", "Rows", "SINK_SHARE", "SITE_METRICS", "Synthetic",
-           "SyntheticStore", "Trials", "UNIFORM_FIRST", "write_store"]
+           "SyntheticStore", "Trials", "UNIFORM_FIRST"]
 
 FAMILIES = OPTIMIZER_FAMILY
 """The family each synthetic optimiser's runs row carries: its rule on a hidden matrix, from the
@@ -271,19 +270,6 @@ class Synthetic:
                               mean_layer_weight=float(np.mean(weights)), params_non_embedding=sizes_ne,
                               n_trials=runs.height, n_done=runs.height - g.failed - g.diverged,
                               n_metric_rows=m.height, layer_weights=weights)
-
-
-def write_store(root: str | os.PathLike[str], *, name: str = "synthetic", seed: int = 0, parts: int = 1,
-                through_store: bool = True, **fields: Any) -> SyntheticStore:
-    """The old flat form of ``Synthetic(name, seed)....write(root, parts=, through_store=)``, each
-    keyword routed to the part that has it; for the test modules not yet on the builder."""
-    b = Synthetic(name, seed)
-    for method, part in (("trials", Trials), ("planted", Planted), ("rows", Rows)):
-        names = {f.name for f in dataclasses.fields(part)}
-        b = getattr(b, method)(**{k: fields.pop(k) for k in list(fields) if k in names})
-    if fields:
-        raise TypeError(f"write_store: unknown keywords {sorted(fields)}")
-    return b.write(root, parts=parts, through_store=through_store)
 
 
 _VOCAB, _SEQ_LEN, _BATCH = 256, 64, 8

@@ -6,7 +6,7 @@ from pathlib import Path
 
 TESTS = Path(__file__).parent
 SHARED = {"invoke", "_rows", "chart_rows", "batch", "tiny", "local_ray"}
-NOT_YET = {"test_storage.py", "test_verify.py"}
+NOT_YET: set[str] = set()
 """Modules other engineers were editing while the rest moved; the lead moves them and empties this."""
 
 

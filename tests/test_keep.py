@@ -9,9 +9,8 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from typer.testing import CliRunner
+from conftest import invoke
 
-from sweep.cli import app
 
 SPEC = """name: tiny
 data: {corpus: stdlib, seq_len: 32}
@@ -28,11 +27,6 @@ grid:
   rotation: [none]
   seed: [0]
 """
-runner = CliRunner()
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 @pytest.fixture(scope="module")

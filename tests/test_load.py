@@ -22,7 +22,7 @@ from analysis.load import (
     config_label,
     load,
 )
-from synthetic_store import write_store
+from synthetic_store import Synthetic
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -97,8 +97,8 @@ def test_load_accepts_pathlike_and_file_uri(store) -> None:  # noqa: F811
 
 
 def test_load_several_sweeps_lists_them(tmp_path: Path) -> None:
-    write_store(tmp_path, name="alpha", sizes=(16,), seeds=(0,), steps=(0,))
-    write_store(tmp_path, name="beta", sizes=(16,), seeds=(0,), steps=(0,))
+    Synthetic("alpha").trials(sizes=(16,), seeds=(0,)).rows(steps=(0,)).write(tmp_path)
+    Synthetic("beta").trials(sizes=(16,), seeds=(0,)).rows(steps=(0,)).write(tmp_path)
     with pytest.raises(NoSweepError, match=r"2 sweeps \(alpha, beta\)"):
         load(tmp_path)
     assert load(tmp_path / "beta").name == "beta"
@@ -236,9 +236,9 @@ def test_the_benchmarks_direct_writer_writes_what_the_store_writes(tmp_path: Pat
     writes the same files, schema and rows as ``ResultsStore``."""
     import pyarrow.parquet as pq
 
-    kw = dict(name="s", sizes=(16, 32), seeds=(0, 1), steps=(0, 10, 20), failed=1, parts=2, seed=4)
-    a = write_store(tmp_path / "a", **kw)
-    b = write_store(tmp_path / "b", through_store=False, **kw)
+    built = Synthetic("s", seed=4).trials(sizes=(16, 32), seeds=(0, 1), failed=1).rows(steps=(0, 10, 20))
+    a = built.write(tmp_path / "a", parts=2)
+    b = built.write(tmp_path / "b", parts=2, through_store=False)
     files = sorted(p.relative_to(a.path).as_posix() for p in Path(a.path).rglob("*.parquet"))
     assert files == sorted(p.relative_to(b.path).as_posix() for p in Path(b.path).rglob("*.parquet"))
     assert len([f for f in files if f.startswith("metrics/t00001.")]) == 2  # two flushes per trial

@@ -9,12 +9,10 @@ from pathlib import Path
 import polars as pl
 import pyarrow.fs as pafs
 import pytest
-from conftest import S3_ENV, free_port, kill_own_worker, start_moto
-from typer.testing import CliRunner
+from conftest import S3_ENV, free_port, invoke, kill_own_worker, start_moto
 
 from analysis.load import load
 from resultstore import uri as storage
-from sweep.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "specs" / "smoke.yaml"
@@ -29,10 +27,6 @@ grid:
 resources: {cpu: 1}
 retries: 0
 """
-
-
-def invoke(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 def objects(prefix: str) -> list[str]:

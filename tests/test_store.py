@@ -109,10 +109,11 @@ def test_a_sweep_nested_in_a_table_folder_is_named_damaged_not_a_crash(tmp_path)
     from sweep.cli import app
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from synthetic_store import write_store
+    from synthetic_store import Synthetic
 
-    write_store(tmp_path, name="S", sizes=(32,), seeds=(0,), optimizers=("adam",), steps=(0, 10))
-    write_store(tmp_path / "S" / "metrics", name="inner", sizes=(32,), seeds=(1,), optimizers=("adam",), steps=(0, 10))
+    Synthetic("S").trials(sizes=(32,), seeds=(0,), optimizers=("adam",)).rows(steps=(0, 10)).write(tmp_path)
+    Synthetic("inner").trials(sizes=(32,), seeds=(1,), optimizers=("adam",)).rows(steps=(0, 10)).write(
+        tmp_path / "S" / "metrics")
     result = CliRunner().invoke(app, ["verify", str(tmp_path / "S")])
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     assert "metrics/inner/runs/" in result.output and "missing ['step'" in result.output, result.output

@@ -7,20 +7,13 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from typer.testing import CliRunner
+from conftest import invoke
 
 import analysis
 from analysis.load import DamagedFile
 from resultstore.writer import ResultsStore
-from sweep.cli import app
 
 SMOKE = Path(__file__).parent.parent / "specs" / "smoke.yaml"
-runner = CliRunner()
-
-
-def invoke(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
