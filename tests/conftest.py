@@ -50,6 +50,41 @@ def tiny(steps: int = 12, eval_every: int = 4, *, train: dict | None = None, **c
     return TrialConfig(**{**base, **config, "train": train})
 
 
+def ladder_spec(*, steps: int, batch_size: int, lrs: str = "1.0e-2, 3.0e-2, 1.0e-1") -> str:
+    """The YAML of a one-ladder sweep named `tiny` (adam, d_model 32, 2 layers, the stdlib corpus at
+    seq_len 32) that trains in seconds: evaluated and checkpointed every 10 steps."""
+    return f"""name: tiny
+data: {{corpus: stdlib, seq_len: 32}}
+train:
+  steps: {steps}
+  batch_size: {batch_size}
+  eval_every: 10
+  eval_batch: {{sequences: 4}}
+  checkpoint_every: 10
+grid:
+  model: [{{d_model: 32, n_layers: 2, n_heads: 2}}]
+  optimizer: [{{name: adam, lr: [{lrs}]}}]
+  norm: [rmsnorm_scalar]
+  rotation: [none]
+  seed: [0]
+"""
+
+
+@pytest.fixture
+def declared(monkeypatch):
+    """`resultstore.schema.declare_runs_column`; the runs columns declared inside the test are gone
+    after it."""
+    from resultstore import schema
+
+    monkeypatch.setattr(schema, "RUNS_COLUMNS", list(schema.RUNS_COLUMNS))
+    monkeypatch.setattr(schema, "_ROLES", dict(schema._ROLES))
+    monkeypatch.setitem(schema.ARROW, "runs", schema.ARROW["runs"])
+    before = dict(schema.RUNS_SCHEMA)
+    yield schema.declare_runs_column
+    schema.RUNS_SCHEMA.clear()
+    schema.RUNS_SCHEMA.update(before)
+
+
 @pytest.fixture(scope="module")
 def ray_env() -> dict[str, str]:
     """Environment set before the module's local Ray starts (its workers inherit it) and restored

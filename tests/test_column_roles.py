@@ -12,22 +12,10 @@ from analysis.charts.frames import decorate, variant_axes
 from analysis.labels import label_axes, trial_labels
 from analysis.load import label_columns
 from analysis.selection import line_labels
-from resultstore.schema import Role, declare_runs_column
+from resultstore.schema import Role
 from sweep.grid import expand
 from analysis.labels import label_rows, labels_for
 from sweep.spec import parse_spec
-
-
-@pytest.fixture
-def declared(monkeypatch):
-    """Columns declared inside the test are gone after it."""
-    monkeypatch.setattr(schema, "RUNS_COLUMNS", list(schema.RUNS_COLUMNS))
-    monkeypatch.setattr(schema, "_ROLES", dict(schema._ROLES))
-    monkeypatch.setitem(schema.ARROW, "runs", schema.ARROW["runs"])
-    before = set(schema.RUNS_SCHEMA)
-    yield declare_runs_column
-    for name in set(schema.RUNS_SCHEMA) - before:
-        del schema.RUNS_SCHEMA[name]
 
 
 def test_the_lists_are_what_they_were_before_roles():

@@ -12,24 +12,11 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+from conftest import ladder_spec
 
 REPO = Path(__file__).resolve().parent.parent
 
-SPEC = """name: tiny
-data: {corpus: stdlib, seq_len: 32}
-train:
-  steps: 30
-  batch_size: 8
-  eval_every: 10
-  eval_batch: {sequences: 4}
-  checkpoint_every: 10
-grid:
-  model: [{d_model: 32, n_layers: 2, n_heads: 2}]
-  optimizer: [{name: adam, lr: [1.0e-3, 3.0e-3, 1.0e-2]}]
-  norm: [rmsnorm_scalar]
-  rotation: [none]
-  seed: [0]
-"""
+SPEC = ladder_spec(steps=30, batch_size=8, lrs="1.0e-3, 3.0e-3, 1.0e-2")
 
 
 def carried_corpus(folder: Path) -> str:

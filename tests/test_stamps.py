@@ -33,18 +33,6 @@ RUNS_BEFORE_STAMPS = [
 """The runs table's columns, in file order, before stamps (main at 1e15317): what every kept store reads as."""
 
 
-@pytest.fixture
-def declared(monkeypatch):
-    """Columns declared inside the test are gone after it."""
-    monkeypatch.setattr(schema, "RUNS_COLUMNS", list(schema.RUNS_COLUMNS))
-    monkeypatch.setattr(schema, "_ROLES", dict(schema._ROLES))
-    monkeypatch.setitem(schema.ARROW, "runs", schema.ARROW["runs"])
-    before = dict(schema.RUNS_SCHEMA)
-    yield schema.declare_runs_column
-    schema.RUNS_SCHEMA.clear()
-    schema.RUNS_SCHEMA.update(before)
-
-
 def _fresh(code: str, *args: str) -> list:
     """Run ``code`` in a new interpreter that imports neither study nor torch; it prints one JSON value."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}

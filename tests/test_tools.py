@@ -18,6 +18,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from conftest import ladder_spec
 from test_one_gpu import carried_corpus
 
 REPO = Path(__file__).resolve().parent.parent
@@ -128,21 +129,7 @@ def test_tools_readme_names_every_tool() -> None:
 
 # ---- ladders.sh -------------------------------------------------------------------------------
 
-LADDER = """name: tiny
-data: {corpus: stdlib, seq_len: 32}
-train:
-  steps: 30
-  batch_size: 8
-  eval_every: 10
-  eval_batch: {sequences: 4}
-  checkpoint_every: 10
-grid:
-  model: [{d_model: 32, n_layers: 2, n_heads: 2}]
-  optimizer: [{name: adam, lr: [1.0e-2, 3.0e-2, 1.0e-1]}]
-  norm: [rmsnorm_scalar]
-  rotation: [none]
-  seed: [0]
-"""
+LADDER = ladder_spec(steps=30, batch_size=8)
 
 
 def shell(script: str, *args: str | Path, cwd: Path, timeout: int = 600, **env: str) -> subprocess.CompletedProcess:
