@@ -78,7 +78,8 @@ class Axis:
 
 
 def _shape(m: ModelConfig) -> str:
-    return f"{m.d_model}×{m.n_layers}×{m.n_heads}"
+    """d×L×h, and `mup b<base width>` under mup (the width study holds both at every width)."""
+    return f"{m.d_model}×{m.n_layers}×{m.n_heads}" + (f" mup b{m.mup_base_width}" if m.parametrization == "mup" else "")
 
 
 def _model(m: ModelConfig) -> dict:

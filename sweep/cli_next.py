@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
+from sweep.axes import axis
 from sweep.cli_store import ResultsOpt, SpecArg, load, open_store
 from sweep.console import bad_input, err, out, q, refuse
 
@@ -96,7 +97,7 @@ def _table(name: str, ladders) -> Table:
         points = "  ".join(
             (f"[bold]{lr:g}: {loss:.3f}[/]" if lr == lad.best else f"{lr:g}: {loss:.3f}") if loss is not None
             else f"{lr:g}: diverged" for lr, loss in lad.losses.items())
-        table.add_row(f"{m.d_model}×{m.n_layers}×{m.n_heads}", lad.label, points or "-",
+        table.add_row(axis("model").label(m), lad.label, points or "-",
                       f"{lad.best:g}" if lad.best is not None else "-",
                       f"[{_STYLE[lad.verdict]}]{lad.verdict}[/]: {lad.why}")
     return table

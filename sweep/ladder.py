@@ -191,10 +191,19 @@ def _per_file() -> tuple[Axis, ...]:
 
 
 def _shape_tag(t: TrialConfig, templates: Sequence[TrialConfig]) -> str:
-    """The file name's tag: d_model (and n_layers where the layers vary), then the label of each
-    other axis that varies among `templates`."""
+    """The file name's tag: d_model (and n_layers where the layers vary), the heads, MLP width and
+    parametrization where they vary among the templates of that shape (the width study's sp and mup
+    at one d_model: d64_sp, d64_mup), then the label of each other axis that varies among them."""
     m = t.model
     parts = [f"d{m.d_model}" + (f"_L{m.n_layers}" if len({u.model.n_layers for u in templates}) > 1 else "")]
+    peers = [u.model for u in templates if (u.model.d_model, u.model.n_layers) == (m.d_model, m.n_layers)]
+    if len({p.n_heads for p in peers}) > 1:
+        parts.append(f"h{m.n_heads}")
+    if len({p.d_mlp for p in peers}) > 1:
+        parts.append(f"mlp{m.d_mlp}")
+    if len({(p.parametrization, p.mup_base_width) for p in peers}) > 1:
+        bases = {p.mup_base_width for p in peers if p.parametrization == "mup"}
+        parts.append(m.parametrization + (f"{m.mup_base_width}" if m.parametrization == "mup" and len(bases) > 1 else ""))
     parts += [a.label(a.value(t)) for a in _per_file()
               if a.key != "model" and len({a.label(a.value(u)) for u in templates}) > 1]
     return "_".join(p.replace("/", "-").replace(":", "-") for p in parts)

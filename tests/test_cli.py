@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,20 @@ def test_plan_shows_the_attention_column_where_a_trial_varies_it(tmp_path, monke
     assert "┃ attention" in result.output and sorted(r.split("rmsnorm_scalar")[1].split()[1] for r in rows) == [
         "gated", "gated", "softmax", "softmax"], result.output
 
+
+
+def test_plan_tells_a_mup_trial_from_the_sp_one_of_its_shape(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "220")
+    spec = tmp_path / "mup.yaml"
+    text = SMOKE.read_text()
+    shape = re.search(r"\{d_model: (\d+), n_layers: (\d+), n_heads: (\d+)\}", text)
+    spec.write_text(text.replace(shape.group(0), f"{shape.group(0)}, {shape.group(0)[:-1]}, parametrization: mup, "
+                                                 f"mup_base_width: {shape.group(3)}}}", 1))
+    result = invoke("plan", spec, "--results", tmp_path)
+    assert result.exit_code == 0, result.output
+    d, L, h = shape.groups()
+    rows = [line for line in result.output.splitlines() if "rmsnorm_scalar" in line]
+    assert sum(f"{d}×{L}×{h} mup b{h} " in r for r in rows) == len(rows) // 2 > 0, result.output
 
 def test_train_then_status_then_query(tmp_path):
     result = invoke("train", SMOKE, "--trial", "1", "--results", tmp_path)

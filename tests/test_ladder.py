@@ -6,10 +6,12 @@ import polars as pl
 import pytest
 import yaml
 from hypothesis import given, strategies as st
+from rich.console import Console
 from typer.testing import CliRunner
 
 from resultstore.writer import ResultsStore
 from sweep.cli import app
+from sweep.cli_next import _table
 from sweep.grid import expand
 from sweep.ladder import _beyond, next_specs, plan_next, seed_list
 from sweep.spec import parse_spec
@@ -163,6 +165,30 @@ def test_specs_name_the_axes_that_vary_between_them():
     gated = next(s for s in specs if s.name == "ladders_edges_d32_gated.yaml")
     assert yaml.safe_load(gated.text)["grid"]["attention"] == [{"name": "gated"}]
     assert all(t.attention.name == "gated" for t in gated.trials)
+
+
+
+def test_sp_and_mup_ladders_of_one_width_are_written_to_a_spec_each():
+    """The width study's grid: the same shape under sp and mup. Their ladders need their own files,
+    each holding its own parameterisation (a file per d_model alone lost the mup trials)."""
+    text = SPEC.replace("{d_model: 64, n_layers: 2, n_heads: 2}",
+                        "{d_model: 32, n_layers: 2, n_heads: 2, parametrization: mup, mup_base_width: 16}")
+    spec, trials = _spec(text)
+    losses = {(32, "adam", 1e-3): 1.9, (32, "adam", 3e-3): 1.7, (32, "adam", 1e-2): 1.6}  # high edge in both
+    runs = pl.DataFrame([_row(t, losses[(32, t.optimizer.name, t.optimizer.lr)]) for t in trials
+                         if t.optimizer.name == "adam"], infer_schema_length=None)
+    ladders = [lad for lad in plan_next(trials, runs, spec.grid.seed, 3) if lad.template.optimizer.name == "adam"]
+    assert [lad.verdict for lad in ladders] == ["extend", "extend"]
+    specs = {s.name: s for s in next_specs(yaml.safe_load(text), spec.name, ladders, spec.grid.seed, "t")}
+    assert sorted(specs) == ["ladders_edges_d32_mup.yaml", "ladders_edges_d32_sp.yaml"]
+    for name, kind in (("ladders_edges_d32_sp.yaml", "sp"), ("ladders_edges_d32_mup.yaml", "mup")):
+        assert {t.model.parametrization for t in specs[name].trials} == {kind}
+        assert [t.optimizer.lr for t in specs[name].trials] == [3e-2]
+    assert {t.trial_id for s in specs.values() for t in s.trials} == {n.trial_id for lad in ladders for n in lad.new}
+    console = Console(width=200, record=True)
+    console.print(_table(spec.name, ladders))
+    assert [line.split("│")[1].strip() for line in console.export_text().splitlines() if "adam" in line] == [
+        "32×2×2", "32×2×2 mup b16"]  # sweep next's table tells them apart too
 
 
 runner = CliRunner()
