@@ -26,6 +26,8 @@ def next_ladders(
                                        "own first, then the smallest unused; 1 to 1000).")] = 3,
     out_dir: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write the next trials as specs into this "
                                                     "folder, one per model shape and kind (edges, seeds).")] = None,
+    neighbours: Annotated[bool, typer.Option("--neighbours", help="Also seed the lr either side of an inside best "
+                                             "(the fitted loss-optimal lr reads all three).")] = False,
 ) -> None:
     """What to run next for each lr ladder of the spec: one more lr beyond the edge where the best
     (lowest seed-mean final val loss) is the smallest or largest tried; more seeds at the best
@@ -49,7 +51,7 @@ def next_ladders(
     if health.problems:
         err.print(REPAIR, highlight=False)
     started = health.status.unfinished if health.status is not None else []
-    ladders = plan_next(trials, health.runs, spec.grid.seed, seeds, started)
+    ladders = plan_next(trials, health.runs, spec.grid.seed, seeds, started, neighbours)
     out.print(_table(spec.name, ladders))
     counts = {v: sum(lad.verdict == v for lad in ladders) for v in _STYLE}
     new = sum(len(lad.new) for lad in ladders)
@@ -61,7 +63,8 @@ def next_ladders(
         out.print("--out DIR writes them as specs for `sweep run`", highlight=False)
         return
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    command = f"sweep next {spec_path} --results {results} --seeds {seeds} --out {out_dir} ({stamp})"
+    command = (f"sweep next {spec_path} --results {results} --seeds {seeds}{' --neighbours' * neighbours} "
+               f"--out {out_dir} ({stamp})")
     written = next_specs(read_yaml(spec_path)[0], spec.name, ladders, spec.grid.seed, command)
     clash = [s.name for s in written if (out_dir / s.name).exists() and not _ours(out_dir / s.name, HEADER)]
     if clash:  # checked for every file before any is written

@@ -9,8 +9,10 @@ seed diverged only when every lr had one). Then, per ladder:
 - ``extend``: the best is the smallest or largest lr tried (or the ladder has one lr): one more
   lr beyond that edge, a step of the ladder's own ratio there (3 for a one-lr ladder, both
   sides), at the spec's seeds.
-- ``seeds``: the best is strictly inside: the seeds still missing there, up to ``seeds`` in all.
-- ``complete``: strictly inside, and every wanted seed finished at the best.
+- ``seeds``: the best is strictly inside: the seeds still missing there, up to ``seeds`` in all
+  (with ``neighbours``, also at the lr either side of it that trained: the fitted loss-optimal lr,
+  analysis.optimum, reads the best and both neighbours, and wants their seeds alike).
+- ``complete``: strictly inside, and every wanted seed finished at the best (and its neighbours).
 
 ``next_specs`` writes those trials as specs (one per value of every axis but the optimizer and
 the seed, sweep.axes: model shape, norm, attention, rotation, ...; and per kind: edges at the spec's seeds, seeds at the best), with the spec's other sections as
@@ -108,10 +110,11 @@ def _beyond(edge: float, ratio: float, low: bool) -> float:
 
 
 def plan_next(trials: Sequence[TrialConfig], runs: pl.DataFrame, spec_seeds: Sequence[int],
-              seeds: int, started: Sequence[str] = ()) -> list[Ladder]:
+              seeds: int, started: Sequence[str] = (), neighbours: bool = False) -> list[Ladder]:
     """One Ladder per tuning group of `trials` (a spec's grid), in grid order, judged from the
     store's `runs` (every lr stored for the group counts, the spec's or another's); `started`:
-    trial ids started without a runs row yet (running or interrupted)."""
+    trial ids started without a runs row yet (running or interrupted); `neighbours`: seed the lrs
+    either side of an inside best as well."""
     from analysis.selection import best_lr
 
     groups: dict[str, list[TrialConfig]] = {}
@@ -145,12 +148,13 @@ def plan_next(trials: Sequence[TrialConfig], runs: pl.DataFrame, spec_seeds: Seq
             out.append(Ladder(t0, label, losses, "waiting",
                               f"{len(unfinished)} of its {len(group)} trials not finished ({', '.join(states)})"))
             continue
-        out.append(_judge(t0, label, losses, best_by.get(tid), spec_seeds, wanted, status))
+        out.append(_judge(t0, label, losses, best_by.get(tid), spec_seeds, wanted, status, neighbours))
     return out
 
 
 def _judge(t0: TrialConfig, label: str, losses: dict[float, float | None], row: dict[str, Any] | None,
-           spec_seeds: Sequence[int], wanted: Sequence[int], status: dict[str, str]) -> Ladder:
+           spec_seeds: Sequence[int], wanted: Sequence[int], status: dict[str, str],
+           neighbours: bool = False) -> Ladder:
     lrs = sorted(losses)
     if row is None:  # every lr tried diverged: go below the smallest
         lr = _beyond(lrs[0], lrs[1] / lrs[0] if len(lrs) > 1 else 3.0, low=True)
@@ -169,6 +173,20 @@ def _judge(t0: TrialConfig, label: str, losses: dict[float, float | None], row: 
         return Ladder(t0, label, losses, "extend", f"best at the {side} lr tried: one beyond, {lr:g}{tie}", best,
                       tuple(_with_lr(t0, lr, s) for s in spec_seeds))
     missing = [s for s in wanted if status.get(_with_lr(t0, best, s).trial_id) not in FINISHED]
+    if neighbours:  # the lr either side that trained (a diverged one has no loss to fit)
+        i = lrs.index(best)
+        sides = [lr for lr in (lrs[i - 1], lrs[i + 1]) if losses[lr] is not None]
+        todo = [(lr, s) for lr in (best, *sides) for s in wanted
+                if status.get(_with_lr(t0, lr, s).trial_id) not in FINISHED]
+        if todo:
+            at = sorted({lr for lr, _ in todo})
+            return Ladder(t0, label, losses, "seeds",
+                          f"best inside the ladder: seeds {', '.join(map(str, wanted))} at {best:g} and its "
+                          f"neighbours ({', '.join(f'{lr:g}' for lr in sides) or 'none trained'}); "
+                          f"{len(todo)} missing at {', '.join(f'{lr:g}' for lr in at)}{tie}", best,
+                          tuple(_with_lr(t0, lr, s) for lr, s in todo))
+        return Ladder(t0, label, losses, "complete",
+                      f"best inside the ladder, {len(wanted)} seeds there and at its neighbours{tie}", best)
     rival = row["runner_up_lr"] if row.get("tie") else None
     rival_missing = [s for s in wanted if rival is not None
                      and status.get(_with_lr(t0, rival, s).trial_id) not in FINISHED]

@@ -99,6 +99,26 @@ def test_a_lr_from_another_spec_joins_the_ladder_and_finished_seeds_are_not_aske
     assert _by(plan_next(trials, done, spec.grid.seed, 3))[(32, "adam")].verdict == "complete"
 
 
+
+def test_neighbours_seeds_the_lr_either_side_of_an_inside_best_until_all_three_are_seeded():
+    spec, trials = _spec()
+    ladders = _by(plan_next(trials, _runs(trials), spec.grid.seed, 3, neighbours=True))
+    lrs_seeds = {k: sorted((n.optimizer.lr, n.seed) for n in lad.new) for k, lad in ladders.items()}
+    assert lrs_seeds[(32, "adam")] == [(1e-3, 1), (1e-3, 2), (3e-3, 1), (3e-3, 2), (1e-2, 1), (1e-2, 2)]
+    assert lrs_seeds[(32, "muon")] == [(1e-3, 1), (1e-3, 2), (3e-3, 1), (3e-3, 2)]  # its diverged top: no loss to fit
+    assert lrs_seeds[(32, "lion")] == [(1e-4, 0)] and ladders[(32, "lion")].verdict == "extend"  # edges as before
+    assert "neighbours (0.001, 0.01)" in ladders[(32, "adam")].why
+    adam = ladders[(32, "adam")].new
+    specs = next_specs(yaml.safe_load(SPEC), spec.name, list(ladders.values()), spec.grid.seed, "t")
+    seeds32 = next(s for s in specs if s.name == "ladders_seeds_d32.yaml")
+    assert {n.trial_id for n in adam} <= {t.trial_id for t in seeds32.trials}
+    half = _runs(trials, extra=[_row(n, 1.9) for n in adam if n.optimizer.lr != 1e-2])
+    again = _by(plan_next(trials, half, spec.grid.seed, 3, neighbours=True))[(32, "adam")]
+    assert again.verdict == "seeds" and sorted((n.optimizer.lr, n.seed) for n in again.new) == [(1e-2, 1), (1e-2, 2)]
+    done = _runs(trials, extra=[_row(n, 1.9) for n in adam])
+    assert _by(plan_next(trials, done, spec.grid.seed, 3, neighbours=True))[(32, "adam")].verdict == "complete"
+    assert _by(plan_next(trials, _runs(trials), spec.grid.seed, 3))[(32, "adam")].new == ladders[(32, "adam")].new[:2]
+
 def test_a_tie_with_a_runner_up_of_fewer_seeds_seeds_the_runner_up():
     """Seeds 1-2 at the best pull its mean to 1.67 while 1e-2 keeps seed 0's 1.75, lower than the
     best's seed 0 (1.8): a tie the best's seeds cannot settle, so the runner-up gets seeds 1-2;
