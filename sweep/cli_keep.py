@@ -59,10 +59,10 @@ def keep(
         raise bad_input(str(exc).splitlines()[0]) from None
     note = f"; {len(kept.already)} already there" if kept.already else ""
     out.print(f"kept {len(kept.added)} trial(s) of {q(folder)} in {q(target.uri)}{note}: {kept.trials} in all, "
-              f"{human(kept.size)}B", highlight=False)
+              f"{human(kept.size)}B", highlight=False, soft_wrap=True)  # unfolded: its paths copy whole
     if kept.short:
         out.print(f"[yellow]{len(kept.short)} finished trial(s) left out[/]: their rows do not cover their steps "
-                  f"(`sweep status {q(folder)} --verify` says where): {', '.join(kept.short[:5])}", highlight=False)
+                  f"(`sweep status {q(folder)} --verify` says where): {', '.join(kept.short[:5])}", highlight=False, soft_wrap=True)
 
 
 def _git_sha() -> str | None:
