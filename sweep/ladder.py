@@ -173,10 +173,12 @@ def _judge(t0: TrialConfig, label: str, losses: dict[float, float | None], row: 
         return Ladder(t0, label, losses, "extend", f"best at the {side} lr tried: one beyond, {lr:g}{tie}", best,
                       tuple(_with_lr(t0, lr, s) for s in spec_seeds))
     missing = [s for s in wanted if status.get(_with_lr(t0, best, s).trial_id) not in FINISHED]
-    if neighbours:  # the lr either side that trained (a diverged one has no loss to fit)
+    rival = row["runner_up_lr"] if row.get("tie") else None
+    if neighbours:  # the lr either side that trained (a diverged one has no loss to fit), and a tied rival
         i = lrs.index(best)
         sides = [lr for lr in (lrs[i - 1], lrs[i + 1]) if losses[lr] is not None]
-        todo = [(lr, s) for lr in (best, *sides) for s in wanted
+        far = [rival] if rival is not None and rival not in sides else []
+        todo = [(lr, s) for lr in (best, *sides, *far) for s in wanted
                 if status.get(_with_lr(t0, lr, s).trial_id) not in FINISHED]
         if todo:
             at = sorted({lr for lr, _ in todo})
@@ -187,7 +189,6 @@ def _judge(t0: TrialConfig, label: str, losses: dict[float, float | None], row: 
                           tuple(_with_lr(t0, lr, s) for lr, s in todo))
         return Ladder(t0, label, losses, "complete",
                       f"best inside the ladder, {len(wanted)} seeds there and at its neighbours{tie}", best)
-    rival = row["runner_up_lr"] if row.get("tie") else None
     rival_missing = [s for s in wanted if rival is not None
                      and status.get(_with_lr(t0, rival, s).trial_id) not in FINISHED]
     if not missing and rival_missing:  # a tie the best's seeds cannot settle alone: seed its rival too

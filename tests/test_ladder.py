@@ -136,6 +136,19 @@ def test_a_tie_with_a_runner_up_of_fewer_seeds_seeds_the_runner_up():
     assert _by(plan_next(trials, runs, spec.grid.seed, 3))[(32, "adam")].verdict == "complete"
 
 
+
+def test_neighbours_also_seeds_a_tied_rival_beyond_them():
+    """The tie above, with the rival two rungs from the best (3e-2, past the neighbour 1e-2)."""
+    spec, trials = _spec()
+    at = {t.optimizer.lr: t for t in trials if t.model.d_model == 32 and t.optimizer.name == "adam"}
+    far = at[1e-2].model_copy(update={"optimizer": at[1e-2].optimizer.model_copy(update={"lr": 3e-2})})
+    seeds = [_row(at[3e-3].model_copy(update={"seed": s}), 1.6) for s in (1, 2)]
+    ladder = _by(plan_next(trials, _runs(trials, extra=[_row(far, 1.75), *seeds]), spec.grid.seed, 3,
+                           neighbours=True))[(32, "adam")]
+    assert ladder.verdict == "seeds" and ladder.best == 3e-3 and "a tie with 0.03" in ladder.why, ladder.why
+    assert sorted((n.optimizer.lr, n.seed) for n in ladder.new) == [
+        (1e-3, 1), (1e-3, 2), (1e-2, 1), (1e-2, 2), (3e-2, 1), (3e-2, 2)]
+
 def test_a_one_lr_ladder_steps_out_both_sides():
     spec, trials = _spec(SPEC.replace("lr: [1.0e-3, 3.0e-3, 1.0e-2]}\n    - {name: lion", "lr: 3.0e-3}\n    - {name: lion"))
     ladders = _by(plan_next(trials, _runs(trials), spec.grid.seed, 3))
