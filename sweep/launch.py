@@ -368,7 +368,10 @@ def _run_locked(spec, trials, store, address, max_concurrent, num_cpus, on_start
         ),
     )
     grid, problem = _fit(tuner)
-    fresh = [n for n in (problem, store_full(store)) if n]
+    full = store_full(store)
+    if full:  # Tune's records truncated by the full disk (an UnpicklingError or EOFError): the disk is the reason
+        problem = None
+    fresh = [n for n in (problem, full) if n]
     for note in fresh:
         print(f"warning: {note}", file=sys.stderr)
     notes = list(notes) + fresh
