@@ -9,8 +9,9 @@ recomputed here equals the stored one):
   one config. Stored by the writer; filled here only for rows written before it existed.
 - ``tuning_id``: also without ``optimizer.lr``: the points of one learning-rate ladder, at one
   model size (``selection.best_lr`` picks one lr per tuning_id).
-- ``line_id``: without the seed and the model shape (``model``): one config across sizes,
-  what a power-law fit or a line in a size chart is drawn through.
+- ``line_id``: without the seed and the model's shape (``model.d_model``, ``n_layers``,
+  ``n_heads``, ``d_mlp``): one config across sizes, what a power-law fit or a line in a size
+  chart is drawn through. The rest of ``model`` stays: SP and muP are two lines.
 - ``tuned_line_id``: also without ``optimizer.lr``: the best-lr points of one config across
   sizes (the tuned lr may differ from size to size).
 
@@ -31,11 +32,12 @@ from resultstore.ids import science_hash  # the one implementation, also TrialCo
 __all__ = ["ID_COLUMNS", "science_hash", "with_ids"]
 
 ID_COLUMNS = ("config_id", "tuning_id", "line_id", "tuned_line_id")
+_SHAPE = ("model.d_model", "model.n_layers", "model.n_heads", "model.d_mlp")
 _DROPS: dict[str, tuple[str, ...]] = {
     "config_id": (),
     "tuning_id": ("optimizer.lr",),
-    "line_id": ("model",),
-    "tuned_line_id": ("model", "optimizer.lr"),
+    "line_id": _SHAPE,
+    "tuned_line_id": (*_SHAPE, "optimizer.lr"),
 }
 _FALLBACK = (*label_columns(), *SIZE_COLUMNS, "corpus", "seq_len", "batch_size", "tokens")
 _SIZE_KEYS = ("d_model", "n_layers", "n_heads", "d_mlp", "params", "params_non_embedding", "tokens")
@@ -54,7 +56,7 @@ def _ids(row: dict[str, Any]) -> dict[str, str]:
     out = {}
     for name, drop in _DROPS.items():
         gone = {"lr"} if "optimizer.lr" in drop else set()
-        if "model" in drop:
+        if "model.d_model" in drop:
             gone |= set(_SIZE_KEYS)
         out[name] = science_hash({k: v for k, v in base.items() if k not in gone})
     return out
