@@ -22,7 +22,8 @@ Here each level is read at the fitted loss-optimal lr of its ladder:
   time: it adds no variance, so where the ladder's neighbours have one seed the interval is
   conditional on them), the best lr is re-chosen and the parabola and the line refitted;
   percentile intervals over the replicates whose best is inside the ladder (``boot_inside``
-  says how many were);
+  says how many were). A ladder of one seed at every lr has no replicates at all (each would be
+  the data itself, a zero-width interval): its intervals are NaN, and so is any slope's through it;
 - across widths, per line (``tuned_line_id``: one optimiser config across widths), the slope of
   the level (log measure at lr*) against log N by least squares over the widths with an optimum,
   its percentile interval from the same replicates (those with an optimum at every such width).
@@ -38,7 +39,7 @@ import numpy as np
 import polars as pl
 from resultstore.vocabulary import Basis, Metric, Site
 
-__all__ = ["EDGE", "FEW", "CONCAVE", "LINE_AXES", "MEASURES", "Ladder", "Optimum", "WidthSlope", "fit_ladder", "fit_slope",
+__all__ = ["EDGE", "FEW", "CONCAVE", "LINE_AXES", "MEASURES", "ONE_SEED", "Ladder", "Optimum", "WidthSlope", "fit_ladder", "fit_slope",
            "ladders_from", "read_at", "twin_slopes", "vertex"]  # fmt: skip
 
 EDGE, CONCAVE, FEW = "edge", "concave", "few lrs"
@@ -101,6 +102,11 @@ class Ladder:
     measures: dict[str, list[np.ndarray]]
     seeds: list[np.ndarray]
 
+    @property
+    def replicable(self) -> bool:
+        """Whether some lr has two trials or more: else every bootstrap replicate is the data."""
+        return max((v.size for v in self.loss), default=0) > 1
+
     def means(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Per lr the seed means of the loss and of each log measure, as (1, L) rows."""
         loss = np.array([[v.mean() for v in self.loss]])
@@ -136,6 +142,8 @@ class Optimum:
     flag: str
     boot_inside: float
     n_seeds_best: int
+    replicable: bool = True
+    """False for a ladder of one seed at every lr: no bootstrap, no interval (``Ladder.replicable``)."""
     boot: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
 
@@ -149,7 +157,8 @@ def fit_ladder(ladder: Ladder, n_boot: int = 1000, rng: np.random.Generator | No
     flag = _CODES[int(code[0])]
     b_loss, b_meas = ladder.resampled(n_boot, rng)
     bx, bi, bcode = vertex(ladder.x, b_loss)
-    inside = bcode == 0
+    inside = (bcode == 0) & ladder.replicable
+    bx = np.where(inside, bx, math.nan)
     boot = {"x_star": bx, **{k: np.where(inside, read_at(ladder.x, b_meas[k], bi, bx), math.nan) for k in meas}}
     levels = {}
     for k in meas:
@@ -158,8 +167,8 @@ def fit_ladder(ladder: Ladder, n_boot: int = 1000, rng: np.random.Generator | No
     lo, hi = _percentiles(bx, q)
     return Optimum(
         best_lr=float(10 ** ladder.x[int(i[0])]), lr_star=float(10 ** x_star[0]), lr_star_ci=(10**lo, 10**hi),
-        levels=levels, flag=flag, boot_inside=float(inside.mean()) if n_boot else math.nan,
-        n_seeds_best=int(ladder.loss[int(i[0])].size), boot=boot,
+        levels=levels, flag=flag, boot_inside=float(inside.mean()) if n_boot and ladder.replicable else math.nan,
+        n_seeds_best=int(ladder.loss[int(i[0])].size), replicable=ladder.replicable, boot=boot,
     )  # fmt: skip
 
 
@@ -228,10 +237,16 @@ LINE_AXES = ("norm", "rotation_label", "attention", "parametrization")
 WORDS = {Metric.KURTOSIS: "kurtosis / null", Metric.TOP1_SHARE: "top-1 share / null"}
 
 
-def decide(lo: float, hi: float, margin: float = 0.1) -> str:
+ONE_SEED = "undecided (one seed: no interval)"
+
+
+def decide(lo: float, hi: float, margin: float = 0.1, one_seed: bool = False) -> str:
     """A slope's verdict from its interval: ``grows`` (``falls``) where it excludes 0 above
     (below), ``no growth`` where it lies inside ±``margin`` across 0, else ``undecided``. An
-    interval that excludes 0 but lies inside ±``margin`` says both: ``grows, by < 0.1``."""
+    interval that excludes 0 but lies inside ±``margin`` says both: ``grows, by < 0.1``.
+    ``one_seed``: a ladder behind the slope ran one seed at every lr (``ONE_SEED``)."""
+    if one_seed:
+        return ONE_SEED
     if not (math.isfinite(lo) and math.isfinite(hi)):
         return "undecided"
     small = -margin < lo and hi < margin
@@ -281,7 +296,8 @@ def optimum_tables(
             gone = g.filter(pl.col("flag") != "")
             slopes.append({
                 **{c: first[c] for c in _KEEP if c in g.columns and c != "d_model"}, "measure": WORDS[m],
-                "slope": s.slope, "slope_low": s.ci[0], "slope_high": s.ci[1], "decision": decide(*s.ci),
+                "slope": s.slope, "slope_low": s.ci[0], "slope_high": s.ci[1],
+                "decision": decide(*s.ci, one_seed=_one_seed(fitted, g.get_column("tuning_id"))),
                 "n_widths": s.n_widths, "boot_kept": s.boot_kept,
                 "tokens_per_param": "; ".join(f"d {r['d_model']}: {r['tokens_per_param']:.1f}" for r in g.iter_rows(named=True)),
                 "widths_left_out": "; ".join(f"d {r['d_model']} ({r['flag']})" for r in gone.iter_rows(named=True)),
@@ -289,6 +305,11 @@ def optimum_tables(
             })  # fmt: skip
     slopes += twin_slopes(levels, fitted, x, confidence)
     return levels, pl.from_dicts(slopes, infer_schema_length=None) if slopes else pl.DataFrame()
+
+
+def _one_seed(fitted: dict[Any, Optimum], tuning_ids: Any) -> bool:
+    """Whether a ladder among ``tuning_ids`` with an optimum ran one seed at every lr."""
+    return any(not fitted[t].replicable for t in tuning_ids if not fitted[t].flag)
 
 
 def twin_slopes(levels: pl.DataFrame, fitted: dict[Any, Optimum], x: str, confidence: float = 0.95) -> list[dict]:
@@ -323,7 +344,9 @@ def twin_slopes(levels: pl.DataFrame, fitted: dict[Any, Optimum], x: str, confid
                 out.append({
                     **dict(zip(keys, key, strict=True)), "optimizer": f"{o} − rotated_{o}",
                     "optimizer_family": "twin contrast", "measure": WORDS[m], "slope": s.slope, "slope_low": s.ci[0],
-                    "slope_high": s.ci[1], "decision": decide(*s.ci), "n_widths": s.n_widths, "boot_kept": s.boot_kept,
+                    "slope_high": s.ci[1],
+                    "decision": decide(*s.ci, one_seed=_one_seed(fitted, [*both["tuning_id"], *both["twin_id"]])),
+                    "n_widths": s.n_widths, "boot_kept": s.boot_kept,
                     "tokens_per_param": "; ".join(f"d {r['d_model']}: {r['tokens_per_param']:.1f}"
                                                   for r in both.iter_rows(named=True)),
                     "widths_left_out": "", "tuned_line_id": None,

@@ -4,6 +4,7 @@ a synthetic store."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -50,8 +51,8 @@ def test_a_measure_linear_in_log_lr_is_read_exactly_at_lr_star() -> None:
     assert x_star == pytest.approx(-3.3, abs=1e-12)
     assert o.levels["kurtosis"][0] == pytest.approx(0.7 - 0.45 * x_star, abs=1e-12)
     assert all(o.levels["kurtosis"][0] != pytest.approx(v) for v in log_m)
-    # one seed everywhere: every replicate is the data, so the interval is the point
-    assert o.levels["kurtosis"][1] == pytest.approx(o.levels["kurtosis"][0], abs=1e-12)
+    # one seed everywhere: every replicate would be the data, so there is no interval
+    assert math.isnan(o.levels["kurtosis"][1]) and math.isnan(o.levels["kurtosis"][2])
     # the line, not the interpolating quadratic: a curved log measure is read off the chord's fit
     curved = (x + 3.0) ** 2
     bent = read_at(x, curved, np.array([2]), np.array([-3.3]))
@@ -61,7 +62,9 @@ def test_a_measure_linear_in_log_lr_is_read_exactly_at_lr_star() -> None:
 def test_a_best_at_the_edge_is_flagged_not_extrapolated() -> None:
     x = np.log10([1e-3, 3e-3, 1e-2])
     for loss in (np.array([1.0, 1.2, 1.5]), np.array([1.5, 1.2, 1.0])):
-        o = fit_ladder(_ladder(x, loss), n_boot=20)
+        two_seeds = Ladder(x=x, loss=[np.array([v, v + 0.01]) for v in loss],
+                           measures={"kurtosis": [np.zeros(2)] * 3}, seeds=[np.array([0, 1])] * 3)
+        o = fit_ladder(two_seeds, n_boot=20)
         assert o.flag == EDGE and math.isnan(o.lr_star) and math.isnan(o.levels["kurtosis"][0])
         assert o.boot_inside == 0.0
     flat = fit_ladder(_ladder(x, np.array([1.0, 1.0, 1.0])), n_boot=20)  # the argmin is the first: an edge
@@ -81,6 +84,33 @@ def test_decide() -> None:
     assert decide(-0.017, -0.003) == "falls, by < 0.1" and decide(0.02, 0.08) == "grows, by < 0.1"
     assert decide(-0.05, 0.08) == "no growth" and decide(-0.05, 0.2) == "undecided"
     assert decide(math.nan, 1.0) == "undecided"
+
+
+def test_a_ladder_of_one_seed_has_an_optimum_but_no_interval_and_no_verdict() -> None:
+    """One seed at every lr: every bootstrap replicate would be the data, a zero-width interval that
+    "decides" anything. The level is read; its interval, and any slope's through it, are NaN."""
+    x = np.log10([1e-3, 3e-3, 1e-2, 3e-2])
+    loss, log_m = np.array([1.5, 1.2, 1.25, 1.6]), np.array([0.0, 0.4, 0.9, 1.2])
+    one = fit_ladder(_ladder(x, loss, log_m), n_boot=50)
+    assert not one.replicable and one.flag == "" and math.isfinite(one.lr_star)
+    assert math.isfinite(one.levels["kurtosis"][0]) and all(math.isnan(v) for v in one.levels["kurtosis"][1:])
+    assert all(math.isnan(v) for v in one.lr_star_ci) and math.isnan(one.boot_inside)
+    two = fit_ladder(Ladder(x=x, loss=[np.array([v, v + 0.02]) for v in loss],
+                            measures={"kurtosis": [np.array([v, v + 0.1]) for v in log_m]},
+                            seeds=[np.array([0, 1])] * 4), n_boot=50)  # fmt: skip
+    assert two.replicable and two.levels["kurtosis"][1] < two.levels["kurtosis"][2]
+    log_n = np.log([1e5, 4e5])
+    s = fit_slope(log_n, np.array([one.levels["kurtosis"][0]] * 2), [one.boot["kurtosis"]] * 2)
+    assert math.isnan(s.ci[0]) and math.isnan(s.ci[1])
+    assert decide(0.2, 0.3, one_seed=True) == optimum.ONE_SEED
+
+
+def test_a_twin_contrast_through_a_one_seed_ladder_says_so() -> None:
+    levels, fitted = _synthetic_levels({("adam", "sp"): 0.20, ("rotated_adam", "sp"): 0.05})
+    tid = levels.filter(pl.col("optimizer") == "rotated_adam").get_column("tuning_id")[0]
+    fitted[tid] = dataclasses.replace(fitted[tid], replicable=False)
+    (kurtosis,) = optimum.twin_slopes(levels, fitted, "params_non_embedding")
+    assert kurtosis["decision"] == optimum.ONE_SEED
 
 
 def _simulate(rng: np.random.Generator, slope: float, n_seeds: int) -> tuple[np.ndarray, np.ndarray, list]:
