@@ -65,3 +65,16 @@ def test_no_ladder_no_section(tmp_path: Path) -> None:
          .write(tmp_path))
     c = content.build(load(s.path), n_boot=20, sections=[optimum.SECTION])
     assert c.optimum.height == 0 and not c.charts and not c.twins.height
+
+
+def test_the_slope_note_prints_no_empty_interval() -> None:
+    """A one-seed slope has no interval: the note gives the slope and why, never "[+nan, +nan]"."""
+    from analysis.optimum import ONE_SEED
+
+    rows = [{"optimizer": "adam", "parametrization": p, "measure": "kurtosis / null", "slope": 0.74, "slope_low": lo,
+             "slope_high": hi, "decision": d, "tokens_per_param": "d 64: 10.0; d 128: 10.0"}
+            for p, lo, hi, d in (("sp", float("nan"), float("nan"), ONE_SEED), ("mup", 0.5, 0.9, "grows"))]
+    note = optimum.slope_note(pl.from_dicts(rows))
+    assert "nan" not in note.lower()
+    assert f"adam · sp (kurtosis / null): +0.740 {ONE_SEED}" in note
+    assert "adam · mup (kurtosis / null): +0.740 [+0.500, +0.900] grows" in note

@@ -11,6 +11,8 @@ the whole ladder."""
 
 from __future__ import annotations
 
+import math
+
 import polars as pl
 
 from analysis import optimum
@@ -55,8 +57,11 @@ def slope_note(slopes: pl.DataFrame) -> str:
     if not slopes.height:
         return ""
     vary = [a for a in optimum.LINE_AXES if a in slopes.columns and slopes.get_column(a).drop_nulls().n_unique() > 1]
+    def interval(r: dict) -> str:
+        return f" [{r['slope_low']:+.3f}, {r['slope_high']:+.3f}]" if math.isfinite(r["slope_low"]) else ""
+
     parts = [f"{' · '.join([r['optimizer'], *(str(r[a]) for a in vary if r[a] is not None)])} ({r['measure']}): "
-             f"{r['slope']:+.3f} [{r['slope_low']:+.3f}, {r['slope_high']:+.3f}] {r['decision']}"
+             f"{r['slope']:+.3f}{interval(r)} {r['decision']}"
              for r in slopes.filter(pl.col("slope").is_not_nan()).iter_rows(named=True)]  # fmt: skip
     tpp = slopes.get_column("tokens_per_param")[0]
     return ("Slopes of log(level / null) against log N at each width's fitted loss-optimal lr (optimum_slopes.csv; "
