@@ -26,7 +26,10 @@ Here each level is read at the fitted loss-optimal lr of its ladder:
   the data itself, a zero-width interval): its intervals are NaN, and so is any slope's through it;
 - across widths, per line (``tuned_line_id``: one optimiser config across widths), the slope of
   the level (log measure at lr*) against log N by least squares over the widths with an optimum,
-  its percentile interval from the same replicates (those with an optimum at every such width).
+  its percentile interval from the same replicates (those with an optimum at every such width);
+- the primary contrast's slope (each optimiser minus its rotated twin, ``twin_slopes``) is paired
+  by seed: at each width one draw of seeds resamples both twins' ladders at once, so a seed's
+  init and data order, which the twins share, cancel in the difference.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import polars as pl
 from resultstore.vocabulary import Basis, Metric, Site
 
 __all__ = ["EDGE", "FEW", "CONCAVE", "LINE_AXES", "MEASURES", "ONE_SEED", "Ladder", "Optimum", "WidthSlope", "fit_ladder", "fit_slope",
-           "ladders_from", "read_at", "twin_slopes", "vertex"]  # fmt: skip
+           "ladders_from", "paired_replicates", "read_at", "twin_slopes", "vertex"]  # fmt: skip
 
 EDGE, CONCAVE, FEW = "edge", "concave", "few lrs"
 _CODES = ("", EDGE, CONCAVE, FEW)
@@ -125,6 +128,43 @@ class Ladder:
                 meas[name][:, k] = cells[k][idx].mean(axis=1)
         return loss, meas
 
+    def seed_resampled(self, counts: np.ndarray, pool: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Replicates of ``means`` with the seed as the unit: ``counts`` (n_boot, len(pool)) says how
+        often each seed of the sorted ``pool`` was drawn; each lr's mean weights its trials by their
+        seed's count. A cell none of whose seeds was drawn keeps its plain mean (a one-seed cell is
+        that trial every time, as in ``resampled``). Two ladders given the same counts are resampled
+        together: paired by seed."""
+        loss = np.empty((counts.shape[0], len(self.loss)))
+        meas = {k: np.empty_like(loss) for k in self.measures}
+        for k, seeds in enumerate(self.seeds):
+            w = counts[:, np.searchsorted(pool, seeds)].astype(float)
+            w[w.sum(axis=1) == 0] = 1.0
+            w /= w.sum(axis=1, keepdims=True)
+            loss[:, k] = (w * np.where(w > 0, self.loss[k], 0.0)).sum(axis=1)
+            for name, cells in self.measures.items():
+                meas[name][:, k] = (w * np.where(w > 0, cells[k], 0.0)).sum(axis=1)
+        return loss, meas
+
+
+def _replicates(ladder: Ladder, b_loss: np.ndarray, b_meas: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``Optimum.boot`` from replicates of a ladder's means: per replicate the best re-chosen, x*
+    and each level refitted; NaN where the best fell at an edge, and everywhere for a ladder that
+    is not ``replicable``."""
+    bx, bi, bcode = vertex(ladder.x, b_loss)
+    inside = (bcode == 0) & ladder.replicable
+    bx = np.where(inside, bx, math.nan)
+    return {"x_star": bx, **{k: np.where(inside, read_at(ladder.x, b_meas[k], bi, bx), math.nan) for k in b_meas}}
+
+
+def paired_replicates(a: Ladder, b: Ladder, n_boot: int, rng: np.random.Generator) -> tuple[dict, dict]:
+    """Both ladders' bootstrap replicates (as ``Optimum.boot``) from one seed draw per replicate
+    (``Ladder.seed_resampled``): twins that share a seed's init and data order are drawn together,
+    so what the seed adds to both cancels in their difference."""
+    pool = np.unique(np.concatenate([*a.seeds, *b.seeds]))
+    draws = rng.integers(0, pool.size, size=(n_boot, pool.size))
+    counts = (draws[:, :, None] == np.arange(pool.size)).sum(axis=1)
+    return _replicates(a, *a.seed_resampled(counts, pool)), _replicates(b, *b.seed_resampled(counts, pool))
+
 
 @dataclass(frozen=True)
 class Optimum:
@@ -155,11 +195,8 @@ def fit_ladder(ladder: Ladder, n_boot: int = 1000, rng: np.random.Generator | No
     loss, meas = ladder.means()
     x_star, i, code = vertex(ladder.x, loss)
     flag = _CODES[int(code[0])]
-    b_loss, b_meas = ladder.resampled(n_boot, rng)
-    bx, bi, bcode = vertex(ladder.x, b_loss)
-    inside = (bcode == 0) & ladder.replicable
-    bx = np.where(inside, bx, math.nan)
-    boot = {"x_star": bx, **{k: np.where(inside, read_at(ladder.x, b_meas[k], bi, bx), math.nan) for k in meas}}
+    boot = _replicates(ladder, *ladder.resampled(n_boot, rng))
+    bx = boot["x_star"]
     levels = {}
     for k in meas:
         value = float(read_at(ladder.x, meas[k], i, x_star)[0])
@@ -167,7 +204,7 @@ def fit_ladder(ladder: Ladder, n_boot: int = 1000, rng: np.random.Generator | No
     lo, hi = _percentiles(bx, q)
     return Optimum(
         best_lr=float(10 ** ladder.x[int(i[0])]), lr_star=float(10 ** x_star[0]), lr_star_ci=(10**lo, 10**hi),
-        levels=levels, flag=flag, boot_inside=float(inside.mean()) if n_boot and ladder.replicable else math.nan,
+        levels=levels, flag=flag, boot_inside=float(np.isfinite(bx).mean()) if n_boot and ladder.replicable else math.nan,
         n_seeds_best=int(ladder.loss[int(i[0])].size), replicable=ladder.replicable, boot=boot,
     )  # fmt: skip
 
@@ -303,7 +340,7 @@ def optimum_tables(
                 "widths_left_out": "; ".join(f"d {r['d_model']} ({r['flag']})" for r in gone.iter_rows(named=True)),
                 "tuned_line_id": line,
             })  # fmt: skip
-    slopes += twin_slopes(levels, fitted, x, confidence)
+    slopes += twin_slopes(levels, fitted, ladders, x, confidence, n_boot, rng)
     return levels, pl.from_dicts(slopes, infer_schema_length=None) if slopes else pl.DataFrame()
 
 
@@ -312,14 +349,16 @@ def _one_seed(fitted: dict[Any, Optimum], tuning_ids: Any) -> bool:
     return any(not fitted[t].replicable for t in tuning_ids if not fitted[t].flag)
 
 
-def twin_slopes(levels: pl.DataFrame, fitted: dict[Any, Optimum], x: str, confidence: float = 0.95) -> list[dict]:
+def twin_slopes(levels: pl.DataFrame, fitted: dict[Any, Optimum], ladders: dict[Any, Ladder], x: str,
+                confidence: float = 0.95, n_boot: int = 1000, rng: np.random.Generator | None = None) -> list[dict]:
     """The primary contrast's trend: for each optimiser ``o`` whose twin ``rotated_<o>`` has a line
     with the same other axes, the slope against log ``x`` of level(o) - level(twin), each read at
-    its own fitted lr*, over the widths where both have an optimum; the interval from the two
-    ladders' bootstrap replicates differenced replicate by replicate. The ladders are resampled
-    independently (a seed is not drawn jointly for both), which widens the interval where the
-    twins' seeds are positively correlated: conservative. One row per measure, ``optimizer`` =
-    "o − rotated_o", ``optimizer_family`` = "twin contrast"."""
+    its own fitted lr*, over the widths where both have an optimum. Its interval is paired by seed,
+    as the estimand is: at each width one seed draw per replicate resamples both ladders
+    (``paired_replicates``: the twins share each seed's init and data order), each refits its own
+    lr* and level, and the replicate's contrast is their difference. One row per measure,
+    ``optimizer`` = "o − rotated_o", ``optimizer_family`` = "twin contrast"."""
+    rng = np.random.default_rng(0) if rng is None else rng
     if not levels.height:
         return []
     keys = [c for c in LINE_AXES if c in levels.columns]
@@ -335,11 +374,13 @@ def twin_slopes(levels: pl.DataFrame, fitted: dict[Any, Optimum], x: str, confid
                           on="d_model").sort(x)  # fmt: skip
             if both.height < 2:
                 continue
+            paired = [paired_replicates(ladders[a], ladders[b], n_boot, rng)
+                      for a, b in both.select("tuning_id", "twin_id").iter_rows()]
             for m in MEASURES:
                 if f"twin_{m}" not in both.columns:
                     continue
                 diff = (both.get_column(f"log_{m}_over_null") - both.get_column(f"twin_{m}")).fill_null(math.nan).to_numpy()
-                boots = [fitted[a].boot[m] - fitted[b].boot[m] for a, b in both.select("tuning_id", "twin_id").iter_rows()]
+                boots = [ba[m] - bb[m] for ba, bb in paired]
                 s = fit_slope(np.log(both.get_column(x).cast(pl.Float64).to_numpy()), diff, boots, confidence)
                 out.append({
                     **dict(zip(keys, key, strict=True)), "optimizer": f"{o} − rotated_{o}",

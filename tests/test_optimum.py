@@ -106,10 +106,10 @@ def test_a_ladder_of_one_seed_has_an_optimum_but_no_interval_and_no_verdict() ->
 
 
 def test_a_twin_contrast_through_a_one_seed_ladder_says_so() -> None:
-    levels, fitted = _synthetic_levels({("adam", "sp"): 0.20, ("rotated_adam", "sp"): 0.05})
+    levels, fitted, ladders = _synthetic_levels({("adam", "sp"): 0.20, ("rotated_adam", "sp"): 0.05})
     tid = levels.filter(pl.col("optimizer") == "rotated_adam").get_column("tuning_id")[0]
     fitted[tid] = dataclasses.replace(fitted[tid], replicable=False)
-    (kurtosis,) = optimum.twin_slopes(levels, fitted, "params_non_embedding")
+    (kurtosis,) = optimum.twin_slopes(levels, fitted, ladders, "params_non_embedding")
     assert kurtosis["decision"] == optimum.ONE_SEED
 
 
@@ -193,32 +193,40 @@ def test_the_tables_on_a_store(ladder_store) -> None:
     assert "d 32: " in slopes.get_column("tokens_per_param")[0]
 
 
-def _synthetic_levels(slopes: dict[tuple[str, str], float], widths=(64, 128, 256), n_boot: int = 400):
-    """A levels table and its fitted optima: per (optimizer, parametrization) a line whose log level
-    is slope x log N (N = 12 x 4 x d²), each replicate the level plus noise of sd 0.02."""
+_LRS = np.log10([1e-3, 3e-3, 1e-2, 3e-2])
+
+
+def _synthetic_levels(slopes: dict[tuple[str, str], float], widths=(64, 128, 256), seed_sd: float = 0.02,
+                      shared: dict[int, np.ndarray] | None = None):
+    """A levels table, its fitted optima and its ladders: per (optimizer, parametrization, width) a
+    4-lr ladder of 3 seeds, its loss a parabola in log lr (vertex 10^-2.3) and its log measure
+    slope x log N (N = 48 d²) at every lr plus per-seed offsets (``shared[d]`` where given, the
+    same for every optimiser: a seed's effect twins share; else independent of sd ``seed_sd``),
+    centred so each lr's seed mean is exactly the level."""
     rng = np.random.default_rng(7)
-    rows, fitted = [], {}
+    rows, fitted, ladders = [], {}, {}
+    loss = 2 + 0.3 * (_LRS + 2.3) ** 2
     for (o, par), b in slopes.items():
         for d in widths:
             n = 48 * d * d
-            tid = f"{o}-{par}-{d}"
-            level = b * math.log(n)
-            boot = level + rng.normal(0, 0.02, n_boot)
-            fitted[tid] = optimum.Optimum(best_lr=1e-3, lr_star=1e-3, lr_star_ci=(1e-3, 1e-3), flag="",
-                                          levels={"kurtosis": (level, level, level)}, boot_inside=1.0, n_seeds_best=3,
-                                          boot={"kurtosis": boot})  # fmt: skip
+            tid, level = f"{o}-{par}-{d}", b * math.log(n)
+            offsets = shared[d] if shared is not None else rng.normal(0, seed_sd, size=3)
+            offsets = offsets - offsets.mean()
+            ladders[tid] = Ladder(x=_LRS, loss=[v + 0.1 * offsets for v in loss],
+                                  measures={"kurtosis": [level + offsets for _ in loss]}, seeds=[np.arange(3)] * 4)
+            fitted[tid] = fit_ladder(ladders[tid], n_boot=400, rng=rng)
             rows.append({"tuning_id": tid, "optimizer": o, "optimizer_family": "x", "parametrization": par, "d_model": d,
-                         "params_non_embedding": n, "tokens_per_param": 10.0, "flag": "",
-                         "log_kurtosis_over_null": level})  # fmt: skip
-    return pl.from_dicts(rows), fitted
+                         "params_non_embedding": n, "tokens_per_param": 10.0, "flag": fitted[tid].flag,
+                         "log_kurtosis_over_null": fitted[tid].levels["kurtosis"][0]})  # fmt: skip
+    return pl.from_dicts(rows), fitted, ladders
 
 
 def test_the_twin_contrast_slope_is_the_difference_of_slopes_per_parametrization() -> None:
     """The primary contrast's trend: adam minus rotated_adam, per parametrization (sp and mup are
     separate lines, never pooled): slope(adam) - slope(twin) exactly, its interval around it."""
-    levels, fitted = _synthetic_levels({("adam", "sp"): 0.20, ("rotated_adam", "sp"): 0.05,
-                                        ("adam", "mup"): 0.0, ("rotated_adam", "mup"): 0.05})
-    rows = {r["parametrization"]: r for r in optimum.twin_slopes(levels, fitted, "params_non_embedding")}
+    levels, fitted, ladders = _synthetic_levels({("adam", "sp"): 0.20, ("rotated_adam", "sp"): 0.05,
+                                                 ("adam", "mup"): 0.0, ("rotated_adam", "mup"): 0.05})
+    rows = {r["parametrization"]: r for r in optimum.twin_slopes(levels, fitted, ladders, "params_non_embedding")}
     assert set(rows) == {"sp", "mup"}
     assert rows["sp"]["optimizer"] == "adam − rotated_adam" and rows["sp"]["optimizer_family"] == "twin contrast"
     assert rows["sp"]["slope"] == pytest.approx(0.15, abs=1e-12) and rows["mup"]["slope"] == pytest.approx(-0.05, abs=1e-12)
@@ -226,6 +234,39 @@ def test_the_twin_contrast_slope_is_the_difference_of_slopes_per_parametrization
         assert r["slope_low"] < r["slope"] < r["slope_high"] and r["slope_high"] - r["slope_low"] < 0.1
     assert rows["sp"]["decision"] == "grows" and rows["mup"]["decision"] == "falls, by < 0.1"
     assert rows["sp"]["n_widths"] == 3
+
+
+def test_the_twin_contrast_is_paired_by_seed() -> None:
+    """Twins whose seeds add the same large offset to both (sd 0.3: the shared init and data order)
+    and which differ only by a constant level: paired by seed, every replicate's contrast is that
+    constant, so the interval is the point. Differencing each ladder's own independent replicates
+    (the unpaired way) leaves the seeds' spread in it, several times wider than the slope."""
+    rng = np.random.default_rng(3)
+    shared = {d: rng.normal(0, 0.3, size=3) for d in (64, 128, 256)}
+    levels, fitted, ladders = _synthetic_levels({("adam", "sp"): 0.20, ("rotated_adam", "sp"): 0.05}, shared=shared)
+    (row,) = optimum.twin_slopes(levels, fitted, ladders, "params_non_embedding")
+    assert row["slope"] == pytest.approx(0.15, abs=1e-12)
+    assert row["slope_low"] == pytest.approx(0.15, abs=1e-9) and row["slope_high"] == pytest.approx(0.15, abs=1e-9)
+    assert row["decision"] == "grows"
+    ids = levels.sort("d_model").partition_by("optimizer", as_dict=True)
+    a, b = (ids[(o,)].get_column("tuning_id").to_list() for o in ("adam", "rotated_adam"))
+    log_n = np.log(ids[("adam",)].get_column("params_non_embedding").cast(pl.Float64).to_numpy())
+    diff = ids[("adam",)].get_column("log_kurtosis_over_null").to_numpy() - ids[("rotated_adam",)].get_column(
+        "log_kurtosis_over_null").to_numpy()
+    unpaired = fit_slope(log_n, diff, [fitted[i].boot["kurtosis"] - fitted[j].boot["kurtosis"] for i, j in zip(a, b)])
+    assert unpaired.slope == pytest.approx(0.15, abs=1e-12) and unpaired.ci[1] - unpaired.ci[0] > 0.1
+
+
+def test_seed_resampling_weights_each_trial_by_its_seeds_draws() -> None:
+    """``Ladder.seed_resampled``: a cell's replicate is its trials weighted by how often each
+    one's seed was drawn; a cell none of whose seeds was drawn keeps its plain mean."""
+    lad = Ladder(x=np.log10([1e-3, 3e-3]), loss=[np.array([1.0, 2.0, 4.0]), np.array([5.0])],
+                 measures={"kurtosis": [np.array([0.0, 3.0, 6.0]), np.array([7.0])]},
+                 seeds=[np.array([0, 1, 2]), np.array([0])])  # fmt: skip
+    counts = np.array([[3, 0, 0], [0, 2, 1], [1, 1, 1]])
+    loss, meas = lad.seed_resampled(counts, np.array([0, 1, 2]))
+    assert np.allclose(loss[:, 0], [1.0, (2 * 2 + 4) / 3, 7 / 3]) and np.allclose(loss[:, 1], [5.0, 5.0, 5.0])
+    assert np.allclose(meas["kurtosis"][:, 0], [0.0, 4.0, 3.0]) and np.allclose(meas["kurtosis"][:, 1], 7.0)
 
 
 def test_the_ladder_chart_gives_sp_and_mup_their_own_panels() -> None:
