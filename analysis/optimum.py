@@ -29,7 +29,13 @@ Here each level is read at the fitted loss-optimal lr of its ladder:
   its percentile interval from the same replicates (those with an optimum at every such width);
 - the primary contrast's slope (each optimiser minus its rotated twin, ``twin_slopes``) is paired
   by seed: at each width one draw of seeds resamples both twins' ladders at once, so a seed's
-  init and data order, which the twins share, cancel in the difference.
+  init and data order, which the twins share, cancel in the difference;
+- beside each top-1 share / null slope, its width-free reading (``RAW_SHARE``): the top-1 share's
+  null falls with width (0.108 at d 64, 0.0636 at d 128), so a coordinate holding a fixed share f
+  of every token, which reads f at every width, has a rising log(share / null). The slope of
+  log(raw share) is that slope plus the null's own (``null_slope``: the null has no seed noise, so
+  the interval shifts with it), and a fixed share reads 0. For a twin contrast it is the
+  optimiser's raw-share slope less its twin's slope over the null (the twin's drift from it).
 """
 
 from __future__ import annotations
@@ -42,8 +48,9 @@ import numpy as np
 import polars as pl
 from resultstore.vocabulary import Basis, Metric, Site
 
-__all__ = ["EDGE", "FEW", "CONCAVE", "LINE_AXES", "MEASURES", "ONE_SEED", "Ladder", "Optimum", "WidthSlope", "fit_ladder", "fit_slope",
-           "ladders_from", "paired_replicates", "read_at", "twin_slopes", "vertex"]  # fmt: skip
+__all__ = ["EDGE", "FEW", "CONCAVE", "LINE_AXES", "MEASURES", "ONE_SEED", "RAW_SHARE", "Ladder", "Optimum", "WidthSlope",
+           "fit_ladder", "fit_slope", "ladders_from", "null_slope", "paired_replicates", "read_at", "twin_slopes",
+           "vertex"]  # fmt: skip
 
 EDGE, CONCAVE, FEW = "edge", "concave", "few lrs"
 _CODES = ("", EDGE, CONCAVE, FEW)
@@ -272,6 +279,30 @@ _KEEP = ("optimizer", "optimizer_family", "norm", "rotation_label", "attention",
 LINE_AXES = ("norm", "rotation_label", "attention", "parametrization")
 """Axes besides the optimiser and the width that tell lines apart (sp and mup are two lines)."""
 WORDS = {Metric.KURTOSIS: "kurtosis / null", Metric.TOP1_SHARE: "top-1 share / null"}
+RAW_SHARE = "top-1 share (raw)"
+"""The measure of the width-free rows of the slopes table: the slope of log(raw top-1 share)."""
+
+
+def null_slope(log_n: np.ndarray, d_model: np.ndarray) -> float:
+    """The least-squares slope of log ``top_share_null(d)`` against log N over the given widths:
+    minus what a coordinate holding a fixed share reads in log(share / null) (-0.381 from d 64 to
+    d 128 at N = 48 d²). NaN with fewer than two distinct N."""
+    from analysis.null import top_share_null
+
+    u = np.asarray(log_n, dtype=float)
+    if np.unique(u).size < 2:
+        return math.nan
+    uc = u - u.mean()
+    return float(uc @ np.log(top_share_null(np.asarray(d_model, dtype=int))) / (uc**2).sum())
+
+
+def _raw_share_row(row: dict, log_n: np.ndarray, d_model: np.ndarray) -> dict:
+    """The width-free twin of a top-1 share / null slope row (``RAW_SHARE``): its slope and interval
+    plus ``null_slope`` over the widths the slope used, decided by the same rule."""
+    ns = null_slope(log_n, d_model)
+    lo, hi = row["slope_low"] + ns, row["slope_high"] + ns
+    return {**row, "measure": RAW_SHARE, "slope": row["slope"] + ns, "slope_low": lo, "slope_high": hi,
+            "decision": decide(lo, hi, one_seed=row["decision"] == ONE_SEED), "null_slope": ns}
 
 
 ONE_SEED = "undecided (one seed: no interval)"
@@ -300,8 +331,12 @@ def optimum_tables(
     ``lr``, ``seed``, ``final_val_loss``, ``log_kurtosis`` (and ``log_top1_share``), ``x``,
     ``tokens``, ``params`` and the label columns. levels: one row per ladder (``Optimum``; each
     measure as its ratio to the null, exp(level), with its interval; ``tokens_per_param`` =
-    tokens / ``x``, the parameter count the slope is against); slopes: one row per line and measure (``WidthSlope`` of the log ratio
-    against log ``x``, its ``decision`` (``decide``), and the tokens per parameter each width saw)."""
+    tokens / ``x``, the parameter count the slope is against; the raw top-1 share ``top1_share_raw``,
+    its null times its ratio); slopes: one row per line and measure (``WidthSlope`` of the log ratio
+    against log ``x``, its ``decision`` (``decide``), and the tokens per parameter each width saw),
+    each top-1 share row followed by its width-free reading (``RAW_SHARE``, ``null_slope``)."""
+    from analysis.null import top_share_null
+
     rng = np.random.default_rng(seed)
     ladders = ladders_from(trials)
     info = trials.group_by("tuning_id").agg(
@@ -317,6 +352,10 @@ def optimum_tables(
         for m, (v, lo, hi) in o.levels.items():
             row |= {f"{m}_over_null": math.exp(v), f"{m}_over_null_low": math.exp(lo),
                     f"{m}_over_null_high": math.exp(hi), f"log_{m}_over_null": v}  # fmt: skip
+            if m == Metric.TOP1_SHARE:
+                null = top_share_null(int(r["d_model"]))
+                row |= {f"{m}_raw": null * math.exp(v), f"{m}_raw_low": null * math.exp(lo),
+                        f"{m}_raw_high": null * math.exp(hi)}  # fmt: skip
         rows.append(row)
     levels = pl.from_dicts(rows, infer_schema_length=None) if rows else pl.DataFrame()
     slopes = []
@@ -326,9 +365,9 @@ def optimum_tables(
         for m in MEASURES:
             if f"log_{m}_over_null" not in g.columns:
                 continue
-            s = fit_slope(np.log(g.get_column(x).cast(pl.Float64).to_numpy()),
-                          g.get_column(f"log_{m}_over_null").fill_null(math.nan).to_numpy(),
-                          [fitted[t].boot[m] for t in g.get_column("tuning_id")], confidence)  # fmt: skip
+            log_n = np.log(g.get_column(x).cast(pl.Float64).to_numpy())
+            level = g.get_column(f"log_{m}_over_null").fill_null(math.nan).to_numpy()
+            s = fit_slope(log_n, level, [fitted[t].boot[m] for t in g.get_column("tuning_id")], confidence)
             first = g.row(0, named=True)
             gone = g.filter(pl.col("flag") != "")
             slopes.append({
@@ -340,6 +379,9 @@ def optimum_tables(
                 "widths_left_out": "; ".join(f"d {r['d_model']} ({r['flag']})" for r in gone.iter_rows(named=True)),
                 "tuned_line_id": line,
             })  # fmt: skip
+            if m == Metric.TOP1_SHARE:
+                ok = np.isfinite(level)
+                slopes.append(_raw_share_row(slopes[-1], log_n[ok], g.get_column("d_model").to_numpy()[ok]))
     slopes += twin_slopes(levels, fitted, ladders, x, confidence, n_boot, rng)
     return levels, pl.from_dicts(slopes, infer_schema_length=None) if slopes else pl.DataFrame()
 
@@ -356,8 +398,9 @@ def twin_slopes(levels: pl.DataFrame, fitted: dict[Any, Optimum], ladders: dict[
     its own fitted lr*, over the widths where both have an optimum. Its interval is paired by seed,
     as the estimand is: at each width one seed draw per replicate resamples both ladders
     (``paired_replicates``: the twins share each seed's init and data order), each refits its own
-    lr* and level, and the replicate's contrast is their difference. One row per measure,
-    ``optimizer`` = "o − rotated_o", ``optimizer_family`` = "twin contrast"."""
+    lr* and level, and the replicate's contrast is their difference. One row per measure (the
+    top-1 share's followed by its ``RAW_SHARE`` row), ``optimizer`` = "o − rotated_o",
+    ``optimizer_family`` = "twin contrast"."""
     rng = np.random.default_rng(0) if rng is None else rng
     if not levels.height:
         return []
@@ -381,7 +424,8 @@ def twin_slopes(levels: pl.DataFrame, fitted: dict[Any, Optimum], ladders: dict[
                     continue
                 diff = (both.get_column(f"log_{m}_over_null") - both.get_column(f"twin_{m}")).fill_null(math.nan).to_numpy()
                 boots = [ba[m] - bb[m] for ba, bb in paired]
-                s = fit_slope(np.log(both.get_column(x).cast(pl.Float64).to_numpy()), diff, boots, confidence)
+                log_n = np.log(both.get_column(x).cast(pl.Float64).to_numpy())
+                s = fit_slope(log_n, diff, boots, confidence)
                 out.append({
                     **dict(zip(keys, key, strict=True)), "optimizer": f"{o} − rotated_{o}",
                     "optimizer_family": "twin contrast", "measure": WORDS[m], "slope": s.slope, "slope_low": s.ci[0],
@@ -392,6 +436,9 @@ def twin_slopes(levels: pl.DataFrame, fitted: dict[Any, Optimum], ladders: dict[
                                                   for r in both.iter_rows(named=True)),
                     "widths_left_out": "", "tuned_line_id": None,
                 })  # fmt: skip
+                if m == Metric.TOP1_SHARE:
+                    ok = np.isfinite(diff)
+                    out.append(_raw_share_row(out[-1], log_n[ok], both.get_column("d_model").to_numpy()[ok]))
     return out
 
 

@@ -269,6 +269,66 @@ def test_seed_resampling_weights_each_trial_by_its_seeds_draws() -> None:
     assert np.allclose(meas["kurtosis"][:, 0], [0.0, 4.0, 3.0]) and np.allclose(meas["kurtosis"][:, 1], 7.0)
 
 
+def _share_trials(shares: dict[str, float | None], widths=(64, 128, 256), seed_sd: float = 0.02) -> pl.DataFrame:
+    """A trials frame for ``optimum_tables``: per optimiser and width a 4-lr ladder of 3 seeds, the
+    loss a parabola in log lr, the top-1 share a fixed ``shares[o]`` of every token at every lr and
+    width (None: the random-basis null), times a per-seed factor (centred: each lr's seed mean of
+    the log share is exact); kurtosis at its null."""
+    from analysis.null import top_share_null
+
+    rng = np.random.default_rng(11)
+    rows = []
+    for o, f in shares.items():
+        for d in widths:
+            n = 48 * d * d
+            for x in _LRS:
+                offsets = rng.normal(0, seed_sd, size=3)
+                for seed, e in enumerate(offsets - offsets.mean()):
+                    share = (top_share_null(d) if f is None else f) * math.exp(e)
+                    rows.append({"tuning_id": f"{o}-{d}", "tuned_line_id": o, "optimizer": o, "optimizer_family": "x",
+                                 "parametrization": "sp", "d_model": d, "lr": 10**x, "seed": seed,
+                                 "final_val_loss": 2 + 0.3 * (x + 2.3) ** 2 + 0.01 * e, "log_kurtosis": 0.0,
+                                 "log_top1_share": math.log(share / top_share_null(d)), "params_non_embedding": n,
+                                 "tokens": 10 * n})  # fmt: skip
+    return pl.from_dicts(rows)
+
+
+def test_a_fixed_share_reads_no_growth_in_the_raw_share_and_growth_over_its_null() -> None:
+    """A coordinate holding a fixed share (0.2) of every token at every width: its share / null rises
+    (the null falls with d), by exactly minus the null's slope, and decides "grows"; its width-free
+    row (``RAW_SHARE``) reads 0 and "no growth", and the level's raw share is 0.2 at every width.
+    The twin at the null reads 0 in both; the contrast's raw row is adam's raw slope less the twin's."""
+    levels, slopes = optimum.optimum_tables(_share_trials({"adam": 0.2, "rotated_adam": None}), n_boot=300)
+    ns = optimum.null_slope(np.log(48 * np.array([64, 128, 256]) ** 2), np.array([64, 128, 256]))
+    assert ns == pytest.approx(np.polyfit(np.log(48 * np.array([64, 128, 256]) ** 2),
+                                          np.log([0.108, 0.0636, 0.0367]), 1)[0], abs=0.003)  # fmt: skip
+    rows = {(r["optimizer"], r["measure"]): r for r in slopes.iter_rows(named=True)}
+    over, raw = rows[("adam", "top-1 share / null")], rows[("adam", optimum.RAW_SHARE)]
+    assert over["slope"] == pytest.approx(-ns, abs=0.02) and over["decision"] == "grows"
+    assert raw["slope"] == pytest.approx(over["slope"] + ns, abs=1e-12) and raw["null_slope"] == ns
+    assert (raw["slope_low"], raw["slope_high"]) == pytest.approx((over["slope_low"] + ns, over["slope_high"] + ns))
+    assert abs(raw["slope"]) < 1e-9 and raw["decision"] == "no growth"
+    adam = levels.filter(pl.col("optimizer") == "adam")
+    assert np.allclose(adam.get_column("top1_share_raw"), 0.2, rtol=0.03)
+    assert (adam["top1_share_raw_low"] < adam["top1_share_raw"]).all() and (adam["top1_share_raw"] < adam["top1_share_raw_high"]).all()
+    twin = rows[("rotated_adam", optimum.RAW_SHARE)]
+    assert twin["slope"] == pytest.approx(rows[("rotated_adam", "top-1 share / null")]["slope"] + ns, abs=1e-12)
+    assert abs(rows[("rotated_adam", "top-1 share / null")]["slope"]) < 0.02
+    contrast = rows[("adam − rotated_adam", optimum.RAW_SHARE)]
+    assert contrast["slope"] == pytest.approx(raw["slope"] - rows[("rotated_adam", "top-1 share / null")]["slope"], abs=1e-9)
+    assert contrast["decision"] == "no growth"
+    assert ("adam", "kurtosis / null") in rows and ("adam", "kurtosis (raw)") not in rows
+
+
+def test_a_share_growing_past_a_fixed_one_reads_growth_in_the_raw_share() -> None:
+    """Shares of 0.1 / 0.2 / 0.4 at d 64 / 128 / 256 (the share doubles per doubling of d, log N
+    slope 1/2): the raw row reads 0.5 and "grows"."""
+    frames = [_share_trials({"adam": f}, widths=(d,)) for d, f in ((64, 0.1), (128, 0.2), (256, 0.4))]
+    _, slopes = optimum.optimum_tables(pl.concat(frames), n_boot=300)
+    raw = slopes.filter(pl.col("measure") == optimum.RAW_SHARE).row(0, named=True)
+    assert raw["slope"] == pytest.approx(0.5, abs=0.02) and raw["decision"] == "grows"
+
+
 def test_the_ladder_chart_gives_sp_and_mup_their_own_panels() -> None:
     """A store with both parametrizations draws one panel per (optimiser, parametrization): the
     lines of two parameterisations are never drawn as one."""

@@ -43,7 +43,9 @@ def test_the_section_fills_its_tables_chart_and_notes(twins) -> None:
     assert tw.height == 2 and set(tw.get_column("twin")) == {"rotated_adam"}
     assert (tw.get_column("n_seeds") == 3).all() and (tw.get_column("p_sign_flip") >= 2 / 8).all()
     assert (tw.get_column("difference") > 0).all()  # the planted excess: adam only
-    assert any(n.startswith("Slopes of log(level / null)") for n in c.notes)
+    assert set(slopes.get_column("measure")) == {"kurtosis / null", "top-1 share / null", "top-1 share (raw)"}
+    assert {"top1_share_raw", "top1_share_raw_low", "top1_share_raw_high"} <= set(c.optimum.columns)
+    assert any(n.startswith("Slopes of log(level / null)") and "(raw) rows are width-free" in n for n in c.notes)
     assert any(n.startswith("The primary contrast, each per-coordinate optimiser minus its rotated twin") for n in c.notes)
     # per_coordinate (adam alone here) against the rest at each width: a permutation over 3 optimisers
     fam = c.optimum_families.filter(pl.col("measure") == "kurtosis / null")

@@ -4,10 +4,10 @@ widths is read at each ladder's fitted lr* (``analysis.optimum``), with a seed b
 whole surface. Tables (``ctx.table``, written as CSV): ``optimum`` (optimum.csv: per ladder lr*
 and the level there with intervals, tokens per parameter), ``optimum_slopes`` (optimum_slopes.csv:
 per line and measure the slope against log N, its interval, its decision and the tokens per
-parameter of each width), ``optimum_families`` (optimum_families.csv: per width per-coordinate
-minus the rest at lr*, Welch beside the exact permutation p, Holm over widths) and ``twins``
-(twins.csv: each optimiser minus its rotated twin, paired by seed). The chart: the level along
-the whole ladder."""
+parameter of each width; beside the top-1 share, its width-free reading: the raw share's slope),
+``optimum_families`` (optimum_families.csv: per width per-coordinate minus the rest at lr*, Welch
+beside the exact permutation p, Holm over widths) and ``twins`` (twins.csv: each optimiser minus
+its rotated twin, paired by seed). The chart: the level along the whole ladder."""
 
 from __future__ import annotations
 
@@ -64,9 +64,14 @@ def slope_note(slopes: pl.DataFrame) -> str:
              f"{r['slope']:+.3f}{interval(r)} {r['decision']}"
              for r in slopes.filter(pl.col("slope").is_not_nan()).iter_rows(named=True)]  # fmt: skip
     tpp = slopes.get_column("tokens_per_param")[0]
+    raw = (f" The {optimum.RAW_SHARE} rows are width-free: the slope of log(raw top-1 share), that of share / null plus "
+           "the null's own (null_slope): the null falls with width, so a coordinate holding a fixed share reads a "
+           "rising share / null and 0 here. For a twin contrast: the optimiser's raw-share slope less its twin's slope "
+           "over the null." if (slopes.get_column("measure") == optimum.RAW_SHARE).any() else "")
     return ("Slopes of log(level / null) against log N at each width's fitted loss-optimal lr (optimum_slopes.csv; "
             "percentile seed-bootstrap intervals; an interval excluding 0 decides growth (a fall), one inside "
-            f"±0.1 no growth (both: by < 0.1), otherwise undecided; tokens per parameter {tpp}): " + "; ".join(parts) + ".")  # fmt: skip
+            f"±0.1 no growth (both: by < 0.1), otherwise undecided; tokens per parameter {tpp}): " + "; ".join(parts)
+            + "." + raw)  # fmt: skip
 
 
 def twin_note(twins: pl.DataFrame) -> str:
