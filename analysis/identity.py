@@ -9,9 +9,14 @@ recomputed here equals the stored one):
   one config. Stored by the writer; filled here only for rows written before it existed.
 - ``tuning_id``: also without ``optimizer.lr``: the points of one learning-rate ladder, at one
   model size (``selection.best_lr`` picks one lr per tuning_id).
-- ``line_id``: without the seed and the model's shape (``model.d_model``, ``n_layers``,
-  ``n_heads``, ``d_mlp``): one config across sizes, what a power-law fit or a line in a size
-  chart is drawn through. The rest of ``model`` stays: SP and muP are two lines.
+- ``line_id``: without the seed, the model's shape (``model.d_model``, ``n_layers``,
+  ``n_heads``, ``d_mlp``) and what a spec's size rules set per size (``train.batch_size`` by
+  ``batch_scaling``, ``train.warmup`` by ``warmup_tokens_per_param``: resolved to plain numbers
+  in each trial's config, so with the rule on every size had its own line and no fit spanned
+  sizes): one config across sizes, what a power-law fit or a line in a size chart is drawn
+  through. The rest of ``model`` stays: SP and muP are two lines. The batch is no grid axis, so
+  within one spec a line still never merges two batches at one size; two specs that share a
+  store and differ only in their batch would (give such an arm its own store).
 - ``tuned_line_id``: also without ``optimizer.lr``: the best-lr points of one config across
   sizes (the tuned lr may differ from size to size).
 
@@ -32,7 +37,7 @@ from resultstore.ids import science_hash  # the one implementation, also TrialCo
 __all__ = ["ID_COLUMNS", "science_hash", "with_ids"]
 
 ID_COLUMNS = ("config_id", "tuning_id", "line_id", "tuned_line_id")
-_SHAPE = ("model.d_model", "model.n_layers", "model.n_heads", "model.d_mlp")
+_SHAPE = ("model.d_model", "model.n_layers", "model.n_heads", "model.d_mlp", "train.batch_size", "train.warmup")
 _DROPS: dict[str, tuple[str, ...]] = {
     "config_id": (),
     "tuning_id": ("optimizer.lr",),
@@ -40,7 +45,7 @@ _DROPS: dict[str, tuple[str, ...]] = {
     "tuned_line_id": (*_SHAPE, "optimizer.lr"),
 }
 _FALLBACK = (*label_columns(), *SIZE_COLUMNS, "corpus", "seq_len", "batch_size", "tokens")
-_SIZE_KEYS = ("d_model", "n_layers", "n_heads", "d_mlp", "params", "params_non_embedding", "tokens")
+_SIZE_KEYS = ("d_model", "n_layers", "n_heads", "d_mlp", "params", "params_non_embedding", "tokens", "batch_size")
 
 
 def _ids(row: dict[str, Any]) -> dict[str, str]:

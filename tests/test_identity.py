@@ -7,9 +7,10 @@ from analysis.identity import with_ids
 from study.config import TrialConfig
 
 
-def _row(d_model: int, lr: float, parametrization: str = "sp", seed: int = 0, optimizer: str = "adam") -> dict:
+def _row(d_model: int, lr: float, parametrization: str = "sp", seed: int = 0, optimizer: str = "adam",
+         batch_size: int = 32) -> dict:
     cfg = TrialConfig(model={"d_model": d_model, "n_layers": 2, "n_heads": 2, "parametrization": parametrization},
-                      optimizer={"name": optimizer, "lr": lr}, train={"steps": 10}, seed=seed)
+                      optimizer={"name": optimizer, "lr": lr}, train={"steps": 10, "batch_size": batch_size}, seed=seed)
     return {"trial_id": cfg.trial_id, "config_id": cfg.config_id, "config_json": cfg.config_json()}
 
 
@@ -38,3 +39,31 @@ def test_the_optimiser_is_part_of_every_id() -> None:
     ids = _ids([_row(64, 1e-3), _row(64, 1e-3, optimizer="rotated_adam")])
     for column in ("config_id", "tuning_id", "line_id", "tuned_line_id"):
         assert ids.get_column(column).n_unique() == 2, column
+
+
+def test_a_batch_set_per_size_stays_on_one_line() -> None:
+    """A spec's batch_scaling resolves each size's batch into its config: the sizes are still one
+    line (else no fit spans them), while a ladder (one size) keeps its batch."""
+    ids = _ids([_row(64, 1e-3, batch_size=32), _row(128, 1e-3, batch_size=128), _row(64, 1e-3, batch_size=128)])
+    for column in ("line_id", "tuned_line_id"):
+        assert ids.get_column(column).n_unique() == 1, column
+    tuning = ids.get_column("tuning_id").to_list()
+    assert len(set(tuning)) == 3
+
+
+def test_the_fixed_steps_arm_is_one_line_across_its_widths() -> None:
+    """specs/width/width_fixed_steps.yaml: batch in proportion to N (32 at d 64, 128 at d 128),
+    expanded as `sweep run` does; each optimiser's two widths share a line."""
+    import json
+    from pathlib import Path
+
+    from sweep.grid import expand
+    from sweep.spec import load_spec
+
+    cfgs = expand(load_spec(Path(__file__).parents[1] / "specs/width/width_fixed_steps.yaml"))
+    assert {c.train.batch_size for c in cfgs} == {32, 128}
+    rows = [{"trial_id": c.trial_id, "config_id": c.config_id, "config_json": c.config_json(),
+             "optimizer": c.optimizer.name} for c in cfgs]
+    ids = _ids(rows)
+    lines = ids.group_by("optimizer").agg(pl.col("tuned_line_id").n_unique().alias("n"), pl.len())
+    assert lines.get_column("n").to_list() == [1, 1] and json.loads(rows[0]["config_json"])["train"]["batch_size"] == 32
