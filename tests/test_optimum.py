@@ -350,3 +350,34 @@ def test_the_ladder_chart_gives_sp_and_mup_their_own_panels() -> None:
     spec = level_along_ladder(cells, levels).to_dict()
     panels = {row["panel"] for row in next(iter(spec["datasets"].values()))}
     assert panels == {"adam · sp (per coordinate)", "adam · mup (per coordinate)"}
+
+
+def test_the_optimum_chart_draws_each_level_beside_the_random_basis_null() -> None:
+    """``level_at_optimum``: per measure and parametrization, a point per ladder with an optimum (an
+    edge-flagged one left out), marked "one seed" where it has no interval; the null it is drawn
+    beside is 1 for kurtosis / null and ``top_share_null(d)`` for the raw share."""
+    from analysis.charts.optimum import level_at_optimum
+    from analysis.null import top_share_null
+
+    levels = pl.DataFrame({
+        "optimizer": ["adam"] * 4 + ["rotated_adam"] * 2, "optimizer_family": ["per_coordinate"] * 4 + ["x"] * 2,
+        "parametrization": ["sp", "sp", "mup", "mup", "sp", "sp"], "d_model": [64, 128, 64, 128, 64, 128],
+        "params_non_embedding": [48 * 64**2, 48 * 128**2] * 3, "flag": ["", "", "", "edge", "", ""],
+        "kurtosis_over_null": [1.0, 2.5, 1.0, math.nan, 1.0, 1.0],
+        "kurtosis_over_null_low": [0.9, 2.2, math.nan, math.nan, 0.95, 0.97],
+        "kurtosis_over_null_high": [1.1, 2.9, math.nan, math.nan, 1.05, 1.03],
+        "top1_share_raw": [0.11, 0.16, 0.11, math.nan, 0.108, 0.064],
+        "top1_share_raw_low": [0.10, 0.15, math.nan, math.nan, 0.10, 0.06],
+        "top1_share_raw_high": [0.12, 0.17, math.nan, math.nan, 0.11, 0.07],
+    })  # fmt: skip
+    spec = level_at_optimum(levels).to_dict()
+    rows = [r for data in spec["datasets"].values() for r in data]
+    points = [r for r in rows if r["kind"] == "level"]
+    assert len(points) == 2 * 5  # two measures, five ladders with an optimum (muP adam's d 128 is an edge)
+    assert {r["seeds"] for r in points if r["par"] == "muP"} == {"one seed"}
+    assert {r["seeds"] for r in points if r["par"] == "SP"} == {"3+ seeds"}
+    nulls = {(r["measure"], r["par"], r["d_model"]): r["value"] for r in rows if r["kind"] == "null"}
+    assert nulls[("Kurtosis / null", "SP", 128)] == 1.0
+    assert nulls[("Top-1 share (raw)", "SP", 128)] == pytest.approx(top_share_null(128))
+    assert nulls[("Top-1 share (raw)", "muP", 64)] == pytest.approx(top_share_null(64))
+    assert level_at_optimum(levels.head(0)) is None

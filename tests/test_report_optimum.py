@@ -37,7 +37,7 @@ def test_the_section_fills_its_tables_chart_and_notes(twins) -> None:
     one = dict(zip(k.get_column("optimizer"), k.get_column("slope"), strict=True))
     assert one["adam − rotated_adam"] == pytest.approx(one["adam"] - one["rotated_adam"], abs=1e-12)
     assert "tokens_per_param" in c.optimum_slopes.columns
-    assert list(c.charts) == ["level_along_ladder"]
+    assert list(c.charts) == ["level_along_ladder", "level_at_optimum"]
     # the twin: adam minus rotated_adam, paired over the 3 seeds at one lr both ran, exact p >= 2/8
     tw = c.twins
     assert tw.height == 2 and set(tw.get_column("twin")) == {"rotated_adam"}

@@ -1,7 +1,9 @@
 """The level along the whole lr ladder: kurtosis / null against lr (both log), one line per width,
 one panel per optimiser, each width's fitted loss-optimal lr* marked (``analysis.optimum``). A
 reader sees at once whether width (the lines' order at one lr) or lr (each line's slope) moves the
-level."""
+level. And the estimand itself (``level_at_optimum``): the level at each width's lr* against N,
+one line per optimiser, in kurtosis / null and in the width-free raw top-1 share, beside the
+random-basis null."""
 
 from __future__ import annotations
 
@@ -13,11 +15,11 @@ import numpy as np
 import polars as pl
 
 from analysis.charts.layers import titled
-from analysis.charts.style import OPTIMIZER_COLORS, PANEL_WIDTH
+from analysis.charts.style import OPTIMIZER_COLORS, PANEL_WIDTH, optimizer_scale
 from analysis.optimum import LINE_AXES
 from resultstore.vocabulary import Metric
 
-__all__ = ["level_along_ladder", "ladder_cells"]
+__all__ = ["level_along_ladder", "level_at_optimum", "ladder_cells"]
 
 WIDTH_COLORS = ["#56B4E9", "#0072B2", "#00204D", "#6A3D9A", "#B15928"]
 """Light to dark with width (a sequential, colour-blind-safe ramp)."""
@@ -110,6 +112,94 @@ def level_along_ladder(
         "order is width's effect; along a line, lr's.")
     n_cols = min(columns, len(order))
     return titled(chart, title, [], caption, n_cols * (panel_width + 40), configure)
+
+
+AT_OPTIMUM = {"kurtosis_over_null": "Kurtosis / null", "top1_share_raw": "Top-1 share (raw)"}
+"""The measures ``level_at_optimum`` draws (levels column: row title): one over its null, one width-free."""
+_PARAMETRIZATIONS = {"sp": "SP", "mup": "muP"}
+
+
+def level_at_optimum(levels: pl.DataFrame, x: str = "params_non_embedding", *, confidence: float = 0.95,
+                     n_boot: int | None = None, title: str = "The level at each width's fitted loss-optimal lr",
+                     caption: str | None = None, configure: bool = True) -> Any:
+    """``levels`` (``optimum.optimum_tables``' first table): per optimiser, the level at each width's
+    lr* against ``x`` (both log), bars its seed-bootstrap interval (a hollow point: a ladder of one
+    seed, no interval); one row of panels per measure (``AT_OPTIMUM``: kurtosis / null, and the raw
+    top-1 share, where a coordinate holding a fixed share is flat), one column per parametrization;
+    dashed grey: what a random basis reads (1, and ``top_share_null(d)``, which falls with d)."""
+    from analysis.null import top_share_null
+
+    have = [c for c in AT_OPTIMUM if c in levels.columns]
+    if not levels.height or not have:
+        return None
+    ok = levels.filter(pl.col("flag") == "")
+    if "parametrization" not in ok.columns:
+        ok = ok.with_columns(parametrization=pl.lit("sp"))
+    ok = ok.with_columns(par=pl.col("parametrization").replace_strict(_PARAMETRIZATIONS, default=pl.col("parametrization")))
+    frames = []
+    for col in have:
+        frames.append(ok.select(
+            "optimizer", "par", "d_model", n=pl.col(x).cast(pl.Float64), value=col, low=f"{col}_low", high=f"{col}_high",
+            measure=pl.lit(AT_OPTIMUM[col]), kind=pl.lit("level"),
+            seeds=pl.when(pl.col(f"{col}_low").is_nan()).then(pl.lit("one seed")).otherwise(pl.lit("3+ seeds"))))
+        null = ok.unique(["par", "d_model"]).select("par", "d_model", n=pl.col(x).cast(pl.Float64)).with_columns(
+            value=pl.col("d_model").map_elements(top_share_null, return_dtype=pl.Float64) if col == "top1_share_raw"
+            else pl.lit(1.0), measure=pl.lit(AT_OPTIMUM[col]), kind=pl.lit("null"), optimizer=pl.lit("random-basis null"))
+        frames.append(null)
+    df = pl.concat(frames, how="diagonal_relaxed").sort("kind", "optimizer", "par", "n")
+    fams = dict(ok.select("optimizer", "optimizer_family").unique("optimizer").iter_rows()) if "optimizer_family" in ok.columns else {}
+    names = sorted(set(ok.get_column("optimizer")))
+    known = [*OPTIMIZER_COLORS, *names]
+    names.sort(key=lambda o: (fams.get(o) != "per_coordinate", known.index(o)))  # per-coordinate optimisers first
+    color = alt.Color("optimizer:N", title="Optimiser", scale=optimizer_scale(names), sort=names)
+    n_lo, n_hi = df.select(lo=pl.col("n").min(), hi=pl.col("n").max()).row(0)
+    xs = alt.X("n:Q", title="N, non-embedding (log)" if x == "params_non_embedding" else f"{x} (log)",
+               scale=alt.Scale(type="log", nice=False, padding=14), axis=alt.Axis(format="~s", values=_log_ticks(n_lo, n_hi)))
+    level, null = alt.datum.kind == "level", alt.datum.kind == "null"
+    tips = ["optimizer:N", "par:N", "d_model:Q", alt.Tooltip("value:Q", format=".3f"), alt.Tooltip("low:Q", format=".3f"),
+            alt.Tooltip("high:Q", format=".3f"), "seeds:N"]
+    pars = [p for p in ("SP", "muP") if p in set(ok.get_column("par"))] + sorted(set(ok.get_column("par")) - {"SP", "muP"})
+    panel_width = int(PANEL_WIDTH * 0.85)
+    rows = []
+    for i, col in enumerate(have):
+        part = df.filter(pl.col("measure") == AT_OPTIMUM[col])
+        lo, hi = part.select(lo=pl.min_horizontal("value", "low").min(), hi=pl.max_horizontal("value", "high").max()).row(0)
+        y = alt.Y("value:Q", title=f"{AT_OPTIMUM[col]} (log)", axis=alt.Axis(format="~g", values=_log_ticks(lo, hi)),
+                  scale=alt.Scale(type="log", nice=False, padding=8, zero=False))
+        layers = [
+            alt.Chart().transform_filter(null).mark_line(strokeDash=[4, 3], color="#777777", strokeWidth=1.2).encode(
+                x=xs, y=y),
+            alt.Chart().transform_filter(level).mark_line(strokeWidth=1.6).encode(x=xs, y=y, color=color),
+            alt.Chart().transform_filter(level & (alt.datum.seeds != "one seed")).mark_rule(strokeWidth=1.4).encode(
+                x=xs, y="low:Q", y2="high:Q", color=color),
+            alt.Chart().transform_filter(level).mark_point(size=46, opacity=1, strokeWidth=1.8, filled=True).encode(
+                x=xs, y=y, stroke=color, fill=alt.condition(alt.datum.seeds == "one seed", alt.value("white"), color),
+                tooltip=tips),
+        ]  # fmt: skip
+        header = alt.Header(labelFontSize=12) if i == 0 else alt.Header(labels=False)
+        rows.append(alt.layer(*layers, data=part).properties(width=panel_width, height=int(panel_width * 0.8))
+                    .facet(column=alt.Column("par:N", sort=pars, title=None, header=header)))
+    chart = alt.vconcat(*rows, spacing=12).resolve_scale(color="shared", stroke="shared")
+    boots = f"{n_boot} replicates, " if n_boot else ""
+    caption = caption or (
+        "Each optimiser's level at each width's fitted loss-optimal lr* (optimum.csv), against the non-embedding "
+        f"parameter count: filled points with bars, a {confidence:.0%} seed-bootstrap interval ({boots}over the seeds "
+        "each lr ran); hollow points, a ladder of one seed (no interval). Top: kurtosis / null of the "
+        "residual stream (stored basis, mean over blocks, final step). Bottom: the raw top-1 share of each token's "
+        "centred energy, width-free: a coordinate holding a fixed share is flat. Dashed grey: what a random basis "
+        "reads (kurtosis / null 1; top-1 share top_share_null(d), falling with d). Each line's slope in log-log is in "
+        "optimum_slopes.csv, with its interval and verdict.")
+    return titled(chart, title, [], caption, len(pars) * (panel_width + 60) + 120, configure)
+
+
+def _log_ticks(lo: float, hi: float) -> list[float]:
+    """Round tick values (1, 1.2, 1.5, 2, 3, 5, 7 per decade) between ``lo`` and ``hi``, at most 7:
+    a log axis over less than a decade otherwise labels one or two ticks."""
+    lo, hi = (lo, hi) if math.isfinite(lo) and math.isfinite(hi) and lo > 0 else (0.1, 10.0)
+    steps = (1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 7.0)
+    ticks = [m * 10.0**e for e in range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1) for m in steps]
+    ticks = [t for t in ticks if lo / 1.05 <= t <= hi * 1.05]
+    return [round(t, 12) for t in ticks[:: max(1, math.ceil(len(ticks) / 7))]]
 
 
 def _panels(cells: pl.DataFrame) -> dict[str, str]:

@@ -7,7 +7,8 @@ per line and measure the slope against log N, its interval, its decision and the
 parameter of each width; beside the top-1 share, its width-free reading: the raw share's slope),
 ``optimum_families`` (optimum_families.csv: per width per-coordinate minus the rest at lr*, Welch
 beside the exact permutation p, Holm over widths) and ``twins`` (twins.csv: each optimiser minus
-its rotated twin, paired by seed). The chart: the level along the whole ladder."""
+its rotated twin, paired by seed). The charts: the level along the whole ladder, and at lr*
+against N."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import math
 import polars as pl
 
 from analysis import optimum
-from analysis.charts.optimum import ladder_cells, level_along_ladder
+from analysis.charts.optimum import ladder_cells, level_along_ladder, level_at_optimum
 from analysis.report.section import Context, Section
 from resultstore.vocabulary import Basis, Metric, Site
 
@@ -47,6 +48,12 @@ def add(ctx: Context) -> None:
                   "each width's fitted loss-optimal lr* and the level there with its seed-bootstrap interval "
                   f"({o.n_boot} replicates; optimum.csv). Read a trend across widths at the diamonds, not at one "
                   "lr or at the best grid point.")  # fmt: skip
+        if levels.filter(pl.col("flag") == "").get_column("d_model").n_unique() > 1:
+            ctx.chart("level_at_optimum", level_at_optimum(levels, ctx.x, confidence=o.confidence, n_boot=o.n_boot),
+                      "The estimand: each optimiser's level at each width's fitted loss-optimal lr* against N, in "
+                      "kurtosis / null and in the width-free raw top-1 share (a fixed share is flat), beside what a "
+                      "random basis reads (dashed); filled points carry their seed-bootstrap interval, hollow ones ran "
+                      "one seed. Slopes: optimum_slopes.csv.")  # fmt: skip
     for note in (slope_note(slopes), twin_note(twins)):
         if note:
             ctx.note(note)
