@@ -125,7 +125,8 @@ def level_at_optimum(levels: pl.DataFrame, x: str = "params_non_embedding", *, c
     """``levels`` (``optimum.optimum_tables``' first table): per optimiser, the level at each width's
     lr* against ``x`` (both log), bars its seed-bootstrap interval (a hollow point: a ladder of one
     seed, no interval); one row of panels per measure (``AT_OPTIMUM``: kurtosis / null, and the raw
-    top-1 share, where a coordinate holding a fixed share is flat), one column per parametrization;
+    top-1 share, where a coordinate holding a fixed share is flat), one column per parametrization
+    (with one parametrization, the two measures side by side);
     dashed grey: what a random basis reads (1, and ``top_share_null(d)``, which falls with d)."""
     from analysis.null import top_share_null
 
@@ -179,17 +180,20 @@ def level_at_optimum(levels: pl.DataFrame, x: str = "params_non_embedding", *, c
         header = alt.Header(labelFontSize=12) if i == 0 else alt.Header(labels=False)
         rows.append(alt.layer(*layers, data=part).properties(width=panel_width, height=int(panel_width * 0.8))
                     .facet(column=alt.Column("par:N", sort=pars, title=None, header=header)))
-    chart = alt.vconcat(*rows, spacing=12).resolve_scale(color="shared", stroke="shared")
+    # one parametrization: the two measures side by side; two: a row each, SP and muP in columns
+    chart = (alt.hconcat(*rows, spacing=24) if len(pars) == 1 else alt.vconcat(*rows, spacing=12)).resolve_scale(
+        color="shared", stroke="shared")
     boots = f"{n_boot} replicates, " if n_boot else ""
     caption = caption or (
         "Each optimiser's level at each width's fitted loss-optimal lr* (optimum.csv), against the non-embedding "
         f"parameter count: filled points with bars, a {confidence:.0%} seed-bootstrap interval ({boots}over the seeds "
-        "each lr ran); hollow points, a ladder of one seed (no interval). Top: kurtosis / null of the "
-        "residual stream (stored basis, mean over blocks, final step). Bottom: the raw top-1 share of each token's "
+        "each lr ran); hollow points, a ladder of one seed (no interval). First: kurtosis / null of the "
+        "residual stream (stored basis, mean over blocks, final step). Second: the raw top-1 share of each token's "
         "centred energy, width-free: a coordinate holding a fixed share is flat. Dashed grey: what a random basis "
         "reads (kurtosis / null 1; top-1 share top_share_null(d), falling with d). Each line's slope in log-log is in "
         "optimum_slopes.csv, with its interval and verdict.")
-    return titled(chart, title, [], caption, len(pars) * (panel_width + 60) + 120, configure)
+    panels_across = len(pars) if len(pars) > 1 else len(rows)
+    return titled(chart, title, [], caption, panels_across * (panel_width + 60) + 120, configure)
 
 
 def _log_ticks(lo: float, hi: float) -> list[float]:
