@@ -88,7 +88,7 @@ def _read_names() -> set[str]:
     import analysis.charts.training
     import analysis.charts.versus
     import analysis.queries
-    from analysis import labels, optimum, query_base, selection
+    from analysis import labels, optimum, optimum_exact, query_base, selection
     from analysis.charts import sinks as sink_charts
     from analysis.charts.style import REFERENCES
     from analysis.report import content, fits, privilege, sinks
@@ -104,7 +104,7 @@ def _read_names() -> set[str]:
         names |= {n for pair in pairs for n in pair}
     names |= {*privilege.MEASURES, *privilege.MEASURES.values(), *optimum.MEASURES, *optimum.WORDS, *REFERENCES,
               *sinks.MEASURES, sinks.SITE, sinks.BASIS, sinks.UNIFORM, *sink_charts.MEASURE_TITLES}
-    modules = (analysis.queries, selection, optimum, analysis.attribution, analysis.charts.training,
+    modules = (analysis.queries, selection, optimum, optimum_exact, analysis.attribution, analysis.charts.training,
                analysis.charts.size, analysis.charts.optimum, analysis.charts.versus)
     for module in modules:
         for _, fn in inspect.getmembers(module, inspect.isfunction):

@@ -16,7 +16,7 @@ import math
 
 import polars as pl
 
-from analysis import optimum
+from analysis import optimum, optimum_exact
 from analysis.charts.optimum import ladder_cells, level_along_ladder, level_at_optimum
 from analysis.report.section import Context, Section
 from resultstore.vocabulary import Basis, Metric, Site
@@ -36,10 +36,10 @@ def add(ctx: Context) -> None:
     levels, slopes = optimum.optimum_tables(trials, ctx.x, n_boot=o.n_boot, seed=o.seed, confidence=o.confidence)
     ctx.table("optimum", levels)
     ctx.table("optimum_slopes", slopes)
-    fams = [optimum.family_exact(levels, m) for m in optimum.MEASURES]
+    fams = [optimum_exact.family_exact(levels, m) for m in optimum.MEASURES]
     ctx.table("optimum_families", pl.concat([f for f in fams if f.height], how="diagonal_relaxed")
               if any(f.height for f in fams) else pl.DataFrame())  # fmt: skip
-    twins = optimum.twin_contrasts(trials, levels, o.confidence)
+    twins = optimum_exact.twin_contrasts(trials, levels, o.confidence)
     ctx.table("twins", twins)
     if levels.height and levels.filter(pl.col("flag") == "").height:
         ctx.chart("level_along_ladder", level_along_ladder(ladder_cells(trials, confidence=o.confidence), levels,
