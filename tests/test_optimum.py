@@ -350,6 +350,10 @@ def test_the_ladder_chart_gives_sp_and_mup_their_own_panels() -> None:
     spec = level_along_ladder(cells, levels).to_dict()
     panels = {row["panel"] for row in next(iter(spec["datasets"].values()))}
     assert panels == {"adam · sp (per coordinate)", "adam · mup (per coordinate)"}
+    # the lr axis labels the ladder's rungs (1 and 3 x 10^k), not two ticks a decade and more apart
+    axes = [layer["encoding"]["x"]["axis"] for layer in spec["spec"]["layer"]
+            if layer.get("encoding", {}).get("x", {}).get("field") == "lr"]
+    assert axes and all(a["values"] == [1e-3, 3e-3, 1e-2] and a["format"] == "~g" for a in axes)
 
 
 def test_the_optimum_chart_draws_each_level_beside_the_random_basis_null() -> None:

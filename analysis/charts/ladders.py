@@ -4,7 +4,6 @@ per model size. The figure a referee asks for first: is each optimiser's best lr
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import altair as alt
@@ -12,7 +11,7 @@ import polars as pl
 
 from analysis.charts.frames import as_frame, decorate, size_column, tooltip, varies
 from analysis.charts.layers import assemble, assembled_width, interval_words, titled
-from analysis.charts.style import COLOR_LEGEND, METRIC_TITLES, format_count, optimizer_scale
+from analysis.charts.style import COLOR_LEGEND, METRIC_TITLES, format_count, lr_axis, optimizer_scale
 
 __all__ = ["lr_ladders"]
 
@@ -58,7 +57,7 @@ def lr_ladders(
                       title="Optimizer", legend=COLOR_LEGEND)
     lrs = [v for v in df.get_column("lr_x").to_list() if v]
     x = alt.X("lr_x:Q", title="Learning rate", scale=alt.Scale(type="log", nice=False, padding=8),
-              axis=_lr_axis(lrs))
+              axis=lr_axis(lrs))
     y_title = METRIC_TITLES["final_val_loss"]
     y = alt.Y("mean:Q", title=y_title, scale=alt.Scale(zero=False, nice=False, padding=8))
     dash: dict[str, Any] = {"strokeDash": alt.StrokeDash("variant:N", title=None)} if varies(df, "variant") else {}
@@ -114,17 +113,6 @@ def _clip(df: pl.DataFrame, y_span: float | None) -> tuple[pl.DataFrame, int]:
         **{c: pl.when(points).then(pl.min_horizontal(c, "cap")).otherwise(pl.col(c)) for c in ("mean", "ci_low", "ci_high")},
     ).drop("cap")
     return df, n
-
-
-def _lr_axis(lrs: list[float]) -> alt.Axis:
-    """Ticks at 1 and 3 x 10^k (as lr ladders are written), in plain decimals: an lr of 0.001
-    reads 0.001, not 1m."""
-    lo, hi = min(lrs) / 1.05, max(lrs) * 1.05
-    ticks = [m * 10.0**k for k in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1) for m in (1, 3)]
-    ticks = [t for t in ticks if lo <= t <= hi]
-    if len(ticks) > 6:
-        ticks = [t for t in ticks if f"{t:.0e}".startswith("1")]
-    return alt.Axis(values=ticks or sorted(set(lrs)), format="~g", grid=True)
 
 
 def _panels(df: pl.DataFrame) -> pl.DataFrame:

@@ -15,7 +15,7 @@ import numpy as np
 import polars as pl
 
 from analysis.charts.layers import titled
-from analysis.charts.style import OPTIMIZER_COLORS, PANEL_WIDTH, optimizer_scale
+from analysis.charts.style import OPTIMIZER_COLORS, PANEL_WIDTH, lr_axis, optimizer_scale
 from analysis.optimum import LINE_AXES
 from resultstore.vocabulary import Metric
 
@@ -75,7 +75,7 @@ def level_along_ladder(
     color = alt.Color("width:N", title="Width", scale=alt.Scale(domain=widths, range=WIDTH_COLORS[: len(widths)]),
                       sort=widths, legend=alt.Legend(symbolType="stroke", symbolStrokeWidth=3))  # fmt: skip
     x = alt.X("lr:Q", title="Learning rate (log)", scale=alt.Scale(type="log", nice=False, padding=8),
-              axis=alt.Axis(format="~g", tickCount=4))  # fmt: skip
+              axis=lr_axis(df.get_column("lr").drop_nulls().to_list()))  # fmt: skip
     y = alt.Y("ratio:Q", title=f"{'Kurtosis' if measure == Metric.KURTOSIS else 'Top-1 share'} / null (log)",
               scale=alt.Scale(type="log", nice=False, padding=8), axis=alt.Axis(format="~g"))  # fmt: skip
     cell, opt = alt.datum.kind == "cell", alt.datum.kind == "optimum"

@@ -15,7 +15,7 @@ __all__ = [
     "AXIS_TITLES", "COLOR_LEGEND", "DASHES", "DASH_LEGEND", "FAMILY_ORDER", "FONT", "HEIGHT",
     "MAX_DASHED", "MAX_EVALS", "METRIC_TITLES", "OKABE_ITO", "OPTIMIZER_COLORS", "PANEL_HEIGHT", "PANEL_WIDTH",
     "REFERENCES", "ROTATION_ORDER", "SERIES_ORDER", "SHAPES", "SI_LABEL", "SITE_NAMES", "SizeChoice",
-    "WIDTH", "apply_theme", "dashes", "format_count", "metric_title", "optimizer_scale", "paper_theme",
+    "WIDTH", "apply_theme", "dashes", "format_count", "lr_axis", "metric_title", "optimizer_scale", "paper_theme",
     "register_theme",
 ]  # fmt: skip
 
@@ -153,6 +153,17 @@ def optimizer_scale(names: Sequence[str]) -> alt.Scale:
     spare = iter(_SPARE * 4)
     colours = [OPTIMIZER_COLORS.get(n) or next(spare) for n in domain]
     return alt.Scale(domain=domain, range=colours)
+
+
+def lr_axis(lrs: list[float]) -> alt.Axis:
+    """Ticks at 1 and 3 x 10^k (as lr ladders are written), in plain decimals: an lr of 0.001
+    reads 0.001, not 1m."""
+    lo, hi = min(lrs) / 1.05, max(lrs) * 1.05
+    ticks = [m * 10.0**k for k in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1) for m in (1, 3)]
+    ticks = [t for t in ticks if lo <= t <= hi]
+    if len(ticks) > 6:
+        ticks = [t for t in ticks if f"{t:.0e}".startswith("1")]
+    return alt.Axis(values=ticks or sorted(set(lrs)), format="~g", grid=True)
 
 
 def metric_title(metric: str, site: str | None = None, basis: str | None = None) -> str:
