@@ -44,7 +44,7 @@ OPTIMIZER_COLORS = {
     "adafactor": "#8C6D1F",  # dark ochre: Okabe-Ito yellow is unreadable as a thin line
     # the rotated twins (study/optim/twins.py): fixed, so a twin reads the same in every chart
     "rotated_lion": "#6A3D9A",
-    "rotated_signsgd": "#999999",
+    "rotated_signsgd": "#882255",  # wine (Tol): never a grey, which the charts keep for the null
     "rotated_adafactor": "#B15928",
 }
 FAMILY_ORDER = ("per_coordinate", "mixed", "rotation_equivariant", "fixed_random_basis", "adaptive_basis")
