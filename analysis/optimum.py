@@ -16,7 +16,11 @@ Here each level is read at the fitted loss-optimal lr of its ladder:
   a NaN loss gets there); a ladder of fewer than 3 lrs: ``few lrs``;
 - the measure at x* from the least-squares line of (x, mean log measure) over the same three
   points (a local linear fit: exact where log measure is linear in log lr, and smoother than the
-  interpolating quadratic, which would follow each point's seed noise);
+  interpolating quadratic, which would follow each point's seed noise). This is the registered
+  reading (``reading="line"``). Where the measure bends sharply at the best (flat below it, steep
+  above) the line can land outside the two measured rungs around x*; ``reading="interpolated"``
+  (``interpolate_at``: straight between those two rungs, so never outside them) is the check the
+  report prints beside it (optimum_slopes.csv's ``*_interpolated`` columns);
 - the interval: a seed-level bootstrap over the whole surface: in each replicate every (group,
   lr) cell's trials are resampled with replacement (a one-seed cell is that one trial every
   time: it adds no variance, so where the ladder's neighbours have one seed the interval is
@@ -49,8 +53,8 @@ import polars as pl
 from resultstore.vocabulary import Basis, Metric, Site
 
 __all__ = ["EDGE", "FEW", "CONCAVE", "LINE_AXES", "MEASURES", "ONE_SEED", "RAW_SHARE", "Ladder", "Optimum", "WidthSlope",
-           "fit_ladder", "fit_slope", "ladders_from", "null_slope", "paired_replicates", "read_at", "twin_slopes",
-           "vertex"]  # fmt: skip
+           "READINGS", "fit_ladder", "fit_slope", "interpolate_at", "ladders_from", "null_slope", "paired_replicates",
+           "read_at", "twin_slopes", "vertex"]  # fmt: skip
 
 EDGE, CONCAVE, FEW = "edge", "concave", "few lrs"
 _CODES = ("", EDGE, CONCAVE, FEW)
@@ -99,6 +103,26 @@ def read_at(x: np.ndarray, m: np.ndarray, i: np.ndarray, x_star: np.ndarray) -> 
     xc = xs - xs.mean(axis=1, keepdims=True)
     slope = (xc * (ms - ms.mean(axis=1, keepdims=True))).sum(axis=1) / (xc**2).sum(axis=1)
     return ms.mean(axis=1) + slope * (x_star - xs.mean(axis=1))
+
+
+def interpolate_at(x: np.ndarray, m: np.ndarray, i: np.ndarray, x_star: np.ndarray) -> np.ndarray:
+    """Per row of ``m`` (B, L): m at x* on the straight line between the two measured rungs around
+    it (x* lies between the best's neighbours i-1 and i+1, as the vertex of an upward parabola
+    through them does), so the value never leaves the range of those two rungs. NaN where x* is
+    NaN or either rung's m is NaN. ``i`` is unused (the signature is ``read_at``'s)."""
+    m = np.atleast_2d(np.asarray(m, dtype=float))
+    x = np.asarray(x, dtype=float)
+    x_star = np.broadcast_to(np.asarray(x_star, dtype=float), (m.shape[0],))
+    if m.shape[1] < 2:
+        return np.full(m.shape[0], math.nan)
+    k = np.clip(np.searchsorted(x, np.nan_to_num(x_star, nan=x[0]), side="right") - 1, 0, x.size - 2)
+    rows = np.arange(m.shape[0])
+    t = (x_star - x[k]) / (x[k + 1] - x[k])
+    return m[rows, k] + t * (m[rows, k + 1] - m[rows, k])
+
+
+READINGS = {"line": read_at, "interpolated": interpolate_at}
+"""How the level is read at x*: ``line`` (registered, the default) or ``interpolated`` (the check)."""
 
 
 @dataclass(frozen=True)
@@ -153,24 +177,28 @@ class Ladder:
         return loss, meas
 
 
-def _replicates(ladder: Ladder, b_loss: np.ndarray, b_meas: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _replicates(ladder: Ladder, b_loss: np.ndarray, b_meas: dict[str, np.ndarray],
+                reading: str = "line") -> dict[str, np.ndarray]:
     """``Optimum.boot`` from replicates of a ladder's means: per replicate the best re-chosen, x*
     and each level refitted; NaN where the best fell at an edge, and everywhere for a ladder that
     is not ``replicable``."""
     bx, bi, bcode = vertex(ladder.x, b_loss)
     inside = (bcode == 0) & ladder.replicable
     bx = np.where(inside, bx, math.nan)
-    return {"x_star": bx, **{k: np.where(inside, read_at(ladder.x, b_meas[k], bi, bx), math.nan) for k in b_meas}}
+    read = READINGS[reading]
+    return {"x_star": bx, **{k: np.where(inside, read(ladder.x, b_meas[k], bi, bx), math.nan) for k in b_meas}}
 
 
-def paired_replicates(a: Ladder, b: Ladder, n_boot: int, rng: np.random.Generator) -> tuple[dict, dict]:
+def paired_replicates(a: Ladder, b: Ladder, n_boot: int, rng: np.random.Generator,
+                      reading: str = "line") -> tuple[dict, dict]:
     """Both ladders' bootstrap replicates (as ``Optimum.boot``) from one seed draw per replicate
     (``Ladder.seed_resampled``): twins that share a seed's init and data order are drawn together,
     so what the seed adds to both cancels in their difference."""
     pool = np.unique(np.concatenate([*a.seeds, *b.seeds]))
     draws = rng.integers(0, pool.size, size=(n_boot, pool.size))
     counts = (draws[:, :, None] == np.arange(pool.size)).sum(axis=1)
-    return _replicates(a, *a.seed_resampled(counts, pool)), _replicates(b, *b.seed_resampled(counts, pool))
+    return (_replicates(a, *a.seed_resampled(counts, pool), reading),
+            _replicates(b, *b.seed_resampled(counts, pool), reading))
 
 
 @dataclass(frozen=True)
@@ -195,18 +223,19 @@ class Optimum:
 
 
 def fit_ladder(ladder: Ladder, n_boot: int = 1000, rng: np.random.Generator | None = None,
-               confidence: float = 0.95) -> Optimum:
-    """``Optimum`` of one ladder (see the module docstring for the formulae)."""
+               confidence: float = 0.95, reading: str = "line") -> Optimum:
+    """``Optimum`` of one ladder (see the module docstring for the formulae); ``reading``: a key
+    of ``READINGS``, how each level is read at x*."""
     rng = np.random.default_rng(0) if rng is None else rng
     q = (100 * (1 - confidence) / 2, 100 * (1 + confidence) / 2)
     loss, meas = ladder.means()
     x_star, i, code = vertex(ladder.x, loss)
     flag = _CODES[int(code[0])]
-    boot = _replicates(ladder, *ladder.resampled(n_boot, rng))
+    boot = _replicates(ladder, *ladder.resampled(n_boot, rng), reading)
     bx = boot["x_star"]
     levels = {}
     for k in meas:
-        value = float(read_at(ladder.x, meas[k], i, x_star)[0])
+        value = float(READINGS[reading](ladder.x, meas[k], i, x_star)[0])
         levels[k] = (value, *_percentiles(boot[k], q))
     lo, hi = _percentiles(bx, q)
     return Optimum(
@@ -325,7 +354,7 @@ def decide(lo: float, hi: float, margin: float = 0.1, one_seed: bool = False) ->
 
 def optimum_tables(
     trials: pl.DataFrame, x: str = "params_non_embedding", *, n_boot: int = 1000, seed: int = 0,
-    confidence: float = 0.95,
+    confidence: float = 0.95, reading: str = "line",
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(levels, slopes). ``trials``: one row per done trial with ``tuning_id``, ``tuned_line_id``,
     ``lr``, ``seed``, ``final_val_loss``, ``log_kurtosis`` (and ``log_top1_share``), ``x``,
@@ -334,7 +363,9 @@ def optimum_tables(
     tokens / ``x``, the parameter count the slope is against; the raw top-1 share ``top1_share_raw``,
     its null times its ratio); slopes: one row per line and measure (``WidthSlope`` of the log ratio
     against log ``x``, its ``decision`` (``decide``), and the tokens per parameter each width saw),
-    each top-1 share row followed by its width-free reading (``RAW_SHARE``, ``null_slope``)."""
+    each top-1 share row followed by its width-free reading (``RAW_SHARE``, ``null_slope``).
+    ``reading``: how each level is read at lr* (``READINGS``); the reading draws no random numbers,
+    so two calls that differ only in it resample the same seeds."""
     from analysis.null import top_share_null
 
     rng = np.random.default_rng(seed)
@@ -345,7 +376,7 @@ def optimum_tables(
     )
     rows, fitted = [], {}
     for r in info.sort([c for c in ("optimizer", "tuned_line_id", x) if c in info.columns]).iter_rows(named=True):
-        o = fitted[r["tuning_id"]] = fit_ladder(ladders[r["tuning_id"]], n_boot, rng, confidence)
+        o = fitted[r["tuning_id"]] = fit_ladder(ladders[r["tuning_id"]], n_boot, rng, confidence, reading)
         row = {**r, "best_lr": o.best_lr, "n_seeds_best": o.n_seeds_best, "lr_star": o.lr_star,
                "lr_star_low": o.lr_star_ci[0], "lr_star_high": o.lr_star_ci[1], "flag": o.flag,
                "boot_inside": o.boot_inside}  # fmt: skip
@@ -382,7 +413,7 @@ def optimum_tables(
             if m == Metric.TOP1_SHARE:
                 ok = np.isfinite(level)
                 slopes.append(_raw_share_row(slopes[-1], log_n[ok], g.get_column("d_model").to_numpy()[ok]))
-    slopes += twin_slopes(levels, fitted, ladders, x, confidence, n_boot, rng)
+    slopes += twin_slopes(levels, fitted, ladders, x, confidence, n_boot, rng, reading)
     return levels, pl.from_dicts(slopes, infer_schema_length=None) if slopes else pl.DataFrame()
 
 
@@ -392,7 +423,8 @@ def _one_seed(fitted: dict[Any, Optimum], tuning_ids: Any) -> bool:
 
 
 def twin_slopes(levels: pl.DataFrame, fitted: dict[Any, Optimum], ladders: dict[Any, Ladder], x: str,
-                confidence: float = 0.95, n_boot: int = 1000, rng: np.random.Generator | None = None) -> list[dict]:
+                confidence: float = 0.95, n_boot: int = 1000, rng: np.random.Generator | None = None,
+                reading: str = "line") -> list[dict]:
     """The primary contrast's trend: for each optimiser ``o`` whose twin ``rotated_<o>`` has a line
     with the same other axes, the slope against log ``x`` of level(o) - level(twin), each read at
     its own fitted lr*, over the widths where both have an optimum. Its interval is paired by seed,
@@ -417,7 +449,7 @@ def twin_slopes(levels: pl.DataFrame, fitted: dict[Any, Optimum], ladders: dict[
                           on="d_model").sort(x)  # fmt: skip
             if both.height < 2:
                 continue
-            paired = [paired_replicates(ladders[a], ladders[b], n_boot, rng)
+            paired = [paired_replicates(ladders[a], ladders[b], n_boot, rng, reading)
                       for a, b in both.select("tuning_id", "twin_id").iter_rows()]
             for m in MEASURES:
                 if f"twin_{m}" not in both.columns:

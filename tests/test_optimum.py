@@ -14,7 +14,7 @@ from synthetic_store import Synthetic
 
 from analysis import optimum
 from analysis.load import load
-from analysis.optimum import EDGE, Ladder, decide, fit_ladder, fit_slope, read_at, vertex
+from analysis.optimum import EDGE, Ladder, decide, fit_ladder, fit_slope, interpolate_at, read_at, vertex
 
 
 def _ladder(x: np.ndarray, loss: np.ndarray, log_m: np.ndarray | None = None) -> Ladder:
@@ -57,6 +57,36 @@ def test_a_measure_linear_in_log_lr_is_read_exactly_at_lr_star() -> None:
     curved = (x + 3.0) ** 2
     bent = read_at(x, curved, np.array([2]), np.array([-3.3]))
     assert bent[0] == pytest.approx(np.polyval(np.polyfit(x[1:4], curved[1:4], 1), -3.3), abs=1e-12)
+
+
+def test_the_interpolated_reading_stays_between_the_rungs_where_the_line_overshoots() -> None:
+    """A ladder that bends at its best (the measure flat up to it, steep above: what Adam's kurtosis
+    does) with lr* just above the best: the line through the three points reads above both rungs
+    around lr*; the interpolated reading lies between them. Both read a measure linear in log lr
+    exactly, and the interpolated one reads each rung's own value at that rung."""
+    x = np.log10([1e-3, 3e-3, 1e-2, 3e-2])
+    loss = 2 + 0.4 * (x + 2.62) ** 2  # lr* = 10^-2.62 = 2.4e-3, below the best 3e-3
+    bent = np.log([0.92, 0.93, 3.13, 2.18])  # the fixed-batch arm's d 128 Adam, seed means
+    line, interp = (fit_ladder(_ladder(x, loss, bent), n_boot=0, reading=r) for r in ("line", "interpolated"))
+    assert line.lr_star == interp.lr_star and line.best_lr == pytest.approx(3e-3)
+    k = np.searchsorted(x, math.log10(line.lr_star)) - 1
+    lo, hi = sorted(bent[k:k + 2])
+    assert line.levels["kurtosis"][0] > hi + 0.05  # the overshoot
+    assert lo <= interp.levels["kurtosis"][0] <= hi
+    rng = np.random.default_rng(3)
+    for _ in range(100):
+        m = rng.normal(size=(4, x.size))
+        xs = rng.uniform(x[0], x[-1], size=4)
+        got = interpolate_at(x, m, np.zeros(4, int), xs)
+        k = np.clip(np.searchsorted(x, xs) - 1, 0, x.size - 2)
+        rows = np.arange(4)
+        assert (got >= np.minimum(m[rows, k], m[rows, k + 1]) - 1e-12).all()
+        assert (got <= np.maximum(m[rows, k], m[rows, k + 1]) + 1e-12).all()
+    assert interpolate_at(x, bent, np.array([1]), np.array([x[2]]))[0] == pytest.approx(bent[2], abs=1e-12)
+    lin = 0.7 - 0.45 * x
+    at = np.array([-2.3])
+    assert interpolate_at(x, lin, np.array([2]), at)[0] == pytest.approx(read_at(x, lin, np.array([2]), at)[0], abs=1e-12)
+    assert math.isnan(interpolate_at(x, lin, np.array([2]), np.array([math.nan]))[0])
 
 
 def test_a_best_at_the_edge_is_flagged_not_extrapolated() -> None:

@@ -37,6 +37,11 @@ def test_the_section_fills_its_tables_chart_and_notes(twins) -> None:
     one = dict(zip(k.get_column("optimizer"), k.get_column("slope"), strict=True))
     assert one["adam − rotated_adam"] == pytest.approx(one["adam"] - one["rotated_adam"], abs=1e-12)
     assert "tokens_per_param" in c.optimum_slopes.columns
+    # beside each slope and level, the interpolated reading: the same rows, the same verdict rule
+    assert {"slope_interpolated", "slope_low_interpolated", "decision_interpolated"} <= set(slopes.columns)
+    assert {"kurtosis_over_null_interpolated", "top1_share_raw_interpolated"} <= set(c.optimum.columns)
+    assert slopes.get_column("slope_interpolated").is_finite().sum() == slopes.get_column("slope").is_finite().sum()
+    assert any(n.startswith("Read by interpolation between the two measured rungs") for n in c.notes)
     assert list(c.charts) == ["level_along_ladder", "level_at_optimum"]
     # the twin: adam minus rotated_adam, paired over the 3 seeds at one lr both ran, exact p >= 2/8
     tw = c.twins

@@ -4,7 +4,9 @@ widths is read at each ladder's fitted lr* (``analysis.optimum``), with a seed b
 whole surface. Tables (``ctx.table``, written as CSV): ``optimum`` (optimum.csv: per ladder lr*
 and the level there with intervals, tokens per parameter), ``optimum_slopes`` (optimum_slopes.csv:
 per line and measure the slope against log N, its interval, its decision and the tokens per
-parameter of each width; beside the top-1 share, its width-free reading: the raw share's slope),
+parameter of each width; beside the top-1 share, its width-free reading: the raw share's slope;
+beside each slope and level, the same read by interpolation between the measured rungs around lr*,
+columns ``*_interpolated``: a check on the registered line fit, from the same bootstrap draws),
 ``optimum_families`` (optimum_families.csv: per width per-coordinate minus the rest at lr*, Welch
 beside the exact permutation p, Holm over widths) and ``twins`` (twins.csv: each optimiser minus
 its rotated twin, paired by seed). The charts: the level along the whole ladder, and at lr*
@@ -21,7 +23,7 @@ from analysis.charts.optimum import ladder_cells, level_along_ladder, level_at_o
 from analysis.report.section import Context, Section
 from resultstore.vocabulary import Basis, Metric, Site
 
-__all__ = ["SECTION", "slope_note", "twin_note"]
+__all__ = ["SECTION", "reading_note", "slope_note", "twin_note", "with_interpolated"]
 
 
 def add(ctx: Context) -> None:
@@ -34,6 +36,7 @@ def add(ctx: Context) -> None:
         return
     o = ctx.options
     levels, slopes = optimum.optimum_tables(trials, ctx.x, n_boot=o.n_boot, seed=o.seed, confidence=o.confidence)
+    levels, slopes = with_interpolated(trials, levels, slopes, ctx.x, o)
     ctx.table("optimum", levels)
     ctx.table("optimum_slopes", slopes)
     fams = [optimum_exact.family_exact(levels, m) for m in optimum.MEASURES]
@@ -54,9 +57,50 @@ def add(ctx: Context) -> None:
                       "kurtosis / null and in the width-free raw top-1 share (a fixed share is flat), beside what a "
                       "random basis reads (dashed); filled points carry their seed-bootstrap interval, hollow ones ran "
                       "one seed. Slopes: optimum_slopes.csv.")  # fmt: skip
-    for note in (slope_note(slopes), twin_note(twins)):
+    for note in (slope_note(slopes), reading_note(slopes), twin_note(twins)):
         if note:
             ctx.note(note)
+
+
+def with_interpolated(trials: pl.DataFrame, levels: pl.DataFrame, slopes: pl.DataFrame, x: str,
+                      o) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """``levels`` and ``slopes`` with the level at lr* read again by interpolation between the two
+    measured rungs around it (``optimum.interpolate_at``), as columns ``<column>_interpolated``: the
+    same rows in the same order (the tables are built from the same trials) and the same bootstrap
+    draws (the reading draws no random numbers)."""
+    if not levels.height:
+        return levels, slopes
+    lv, sl = optimum.optimum_tables(trials, x, n_boot=o.n_boot, seed=o.seed, confidence=o.confidence,
+                                    reading="interpolated")  # fmt: skip
+    keys = {"tuning_id": (levels, lv), "optimizer": (slopes, sl), "measure": (slopes, sl)}
+    for key, (a, b) in keys.items():
+        if a.height and not a.get_column(key).equals(b.get_column(key)):
+            raise AssertionError(f"the interpolated reading's rows differ from the line's in {key}")
+    level_cols = [c for c in lv.columns if c.endswith(("_over_null", "_over_null_low", "_over_null_high"))
+                  or c.startswith("top1_share_raw")]  # fmt: skip
+    slope_cols = ["slope", "slope_low", "slope_high", "decision"]
+    levels = levels.with_columns(lv.select([pl.col(c).alias(f"{c}_interpolated") for c in level_cols]))
+    if slopes.height:
+        slopes = slopes.with_columns(sl.select([pl.col(c).alias(f"{c}_interpolated") for c in slope_cols]))
+    return levels, slopes
+
+
+def reading_note(slopes: pl.DataFrame) -> str:
+    """Where reading the level by interpolation instead of the registered line fit changes a verdict."""
+    if not slopes.height or "decision_interpolated" not in slopes.columns:
+        return ""
+    moved = slopes.filter(pl.col("decision") != pl.col("decision_interpolated"))
+    head = ("Read by interpolation between the two measured rungs around lr* instead of the registered line through "
+            "the best and both neighbours (which can land outside those rungs where the ladder bends sharply; "
+            "optimum_slopes.csv's *_interpolated columns, the same bootstrap draws): ")
+    if not moved.height:
+        return head + "no verdict changes."
+    parts = [f"{r['optimizer']} ({r['measure']}{', ' + str(r['parametrization']) if r.get('parametrization') else ''}): "
+             f"{r['slope']:+.3f}, {r['decision']} by the line; {r['slope_interpolated']:+.3f} "
+             f"[{r['slope_low_interpolated']:+.3f}, {r['slope_high_interpolated']:+.3f}], "
+             f"{r['decision_interpolated']} by interpolation"
+             for r in moved.iter_rows(named=True)]  # fmt: skip
+    return head + "; ".join(parts) + "."
 
 
 def slope_note(slopes: pl.DataFrame) -> str:
