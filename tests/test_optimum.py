@@ -384,6 +384,16 @@ def test_the_ladder_chart_gives_sp_and_mup_their_own_panels() -> None:
     axes = [layer["encoding"]["x"]["axis"] for layer in spec["spec"]["layer"]
             if layer.get("encoding", {}).get("x", {}).get("field") == "lr"]
     assert axes and all(a["values"] == [1e-3, 3e-3, 1e-2] and a["format"] == "~g" for a in axes)
+    # the interpolated reading, where the table has it, as a hollow diamond beside the line's filled one
+    def hollow(spec: dict) -> list[dict]:
+        return [la for la in spec["spec"]["layer"] if isinstance(la["mark"], dict)
+                and la["mark"].get("shape") == "diamond" and la["mark"].get("filled") is False]
+    assert hollow(spec) == []
+    with_check = levels.with_columns(kurtosis_over_null_interpolated=pl.Series([1.2, 1.3, 1.2, 1.3]))
+    drawn = level_along_ladder(cells, with_check).to_dict()
+    assert [la["encoding"]["y"]["field"] for la in hollow(drawn)] == ["ratio_interpolated"]
+    rows = next(iter(drawn["datasets"].values()))
+    assert sorted(r["ratio_interpolated"] for r in rows if r.get("ratio_interpolated") is not None) == [1.2, 1.2, 1.3, 1.3]
 
 
 def test_the_optimum_chart_draws_each_level_beside_the_random_basis_null() -> None:

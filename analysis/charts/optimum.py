@@ -61,9 +61,11 @@ def level_along_ladder(
     known = [*OPTIMIZER_COLORS, *sorted(cells.get_column("optimizer").unique())]
     order = sorted(cells.get_column("line").unique().to_list(),
                    key=lambda line: (_family_rank(cells, line), known.index(line.split(" · ")[0]), line))
+    interpolated = f"{measure}_over_null_interpolated"
     ok = levels.filter(pl.col("flag") == "").select(
         "optimizer", "line", "d_model", lr="lr_star", lr_low="lr_star_low", lr_high="lr_star_high",
         ratio=f"{measure}_over_null", low=f"{measure}_over_null_low", high=f"{measure}_over_null_high",
+        **({"ratio_interpolated": interpolated} if interpolated in levels.columns else {}),
     ).with_columns(kind=pl.lit("optimum"))  # fmt: skip
     df = pl.concat([cells.with_columns(kind=pl.lit("cell")), ok], how="diagonal_relaxed")
     words = {r["d_model"]: f"d_model {r['d_model']} ({r['tokens_per_param']:.1f} tokens/param)"
@@ -94,6 +96,11 @@ def level_along_ladder(
                                                      strokeWidth=0.8, opacity=1).encode(x=x, y=y, color=color,
                                                                                          tooltip=tips),
     ]  # fmt: skip
+    if "ratio_interpolated" in ok.columns:  # the check on the line fit: where it differs, the ladder bends at lr*
+        layers.append(alt.Chart().transform_filter(opt).mark_point(shape="diamond", size=110, filled=False,
+                                                                   strokeWidth=1.4, opacity=1).encode(
+            x=x, y=alt.Y("ratio_interpolated:Q"), color=color,
+            tooltip=[*tips[:3], alt.Tooltip("ratio_interpolated:Q", format=".3f")]))  # fmt: skip
     panel_width = int(PANEL_WIDTH * 0.85)
     chart = (
         alt.layer(*layers, data=df)
@@ -108,8 +115,9 @@ def level_along_ladder(
         f"geometric means, bars {confidence:.0%} t-intervals where an lr ran 2+ seeds. Diamond: the width's fitted "
         "loss-optimal lr* (the vertex of the parabola of val loss against log lr through the best lr and its "
         "neighbours) and the level there (a line fit of the log level over the same three lrs), bars its seed "
-        "bootstrap interval in lr and in level. Dashed: the null (1: no privileged basis). At one lr the lines' "
-        "order is width's effect; along a line, lr's.")
+        "bootstrap interval in lr and in level. Hollow diamond, where drawn: the level read instead straight between "
+        "the two measured lrs around lr* (a check: the line overshoots where the ladder bends at its best). Dashed: "
+        "the null (1: no privileged basis). At one lr the lines' order is width's effect; along a line, lr's.")
     n_cols = min(columns, len(order))
     return titled(chart, title, [], caption, n_cols * (panel_width + 40), configure)
 
