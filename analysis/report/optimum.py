@@ -20,7 +20,7 @@ import polars as pl
 
 from analysis import optimum, optimum_exact
 from analysis.charts.optimum import ladder_cells, level_along_ladder, level_at_optimum
-from analysis.report.section import Context, Section
+from analysis.report.section import Context, Options, Section
 from resultstore.vocabulary import Basis, Metric, Site
 
 __all__ = ["SECTION", "reading_note", "slope_note", "twin_note", "with_interpolated"]
@@ -63,7 +63,7 @@ def add(ctx: Context) -> None:
 
 
 def with_interpolated(trials: pl.DataFrame, levels: pl.DataFrame, slopes: pl.DataFrame, x: str,
-                      o) -> tuple[pl.DataFrame, pl.DataFrame]:
+                      o: Options) -> tuple[pl.DataFrame, pl.DataFrame]:
     """``levels`` and ``slopes`` with the level at lr* read again by interpolation between the two
     measured rungs around it (``optimum.interpolate_at``), as columns ``<column>_interpolated``: the
     same rows in the same order (the tables are built from the same trials) and the same bootstrap
