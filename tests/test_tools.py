@@ -221,3 +221,30 @@ def test_gpu_run_plumbing_on_the_cpu(tmp_path: Path) -> None:
     assert f"{runs.height} ended ({runs.height} done)" in log
     assert not (back / "families").exists()  # the kept stores copied in before the run are not sent back
     assert json.loads((tmp_path / "scratch" / "stdlib" / "meta.json").read_text())["fingerprint"] == fingerprint
+
+
+def test_quoted_intervals_names_each_interval_no_report_row_gives(tmp_path: Path) -> None:
+    """tools/quoted_intervals.py: a quote a report row prints passes (either reading, twins too, "-" or "−"),
+    a quote 0.01 off is named with its line, and lines outside --start/--stop are not read."""
+    report = tmp_path / "report"
+    report.mkdir()
+    pl.DataFrame({"slope": [0.1647], "slope_low": [0.1521], "slope_high": [0.1867],
+                  "slope_interpolated": [-0.0261], "slope_low_interpolated": [-0.0436],
+                  "slope_high_interpolated": [-0.0079]}).write_csv(report / "optimum_slopes.csv")
+    pl.DataFrame({"difference": [1.28], "ci_low": [0.88], "ci_high": [1.68]}).write_csv(report / "twins.csv")
+    doc = tmp_path / "doc.md"
+    doc.write_text("+9.99 [+9.98, +9.99] before the section\n## Width\n"
+                   "line +0.16 [+0.15, +0.19]; interpolated −0.03 [−0.04, −0.01], ascii -0.03 [-0.04, -0.01]\n"
+                   "twin log +1.28 [+0.88, +1.68]; drifted +0.17 [+0.15, +0.19]\n## Next\n+7.00 [+6.00, +8.00]\n")
+
+    def run(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(REPO / "tools/quoted_intervals.py"), str(doc), str(report), *extra],
+                              capture_output=True, text=True)
+
+    named = run("--start", "## Width", "--stop", "## Next")
+    assert named.returncode == 1 and named.stdout.splitlines() == [f"{doc}:4: +0.17 [+0.15, +0.19]"]
+    doc.write_text(doc.read_text().replace("drifted +0.17", "drifted +0.16"))
+    assert run("--start", "## Width", "--stop", "## Next").returncode == 0
+    assert run().stdout.splitlines() == [f"{doc}:1: +9.99 [+9.98, +9.99]", f"{doc}:6: +7.00 [+6.00, +8.00]"]
+    missing_start = run("--start", "## Nowhere")
+    assert missing_start.returncode == 2 and "--start '## Nowhere': no line of" in missing_start.stderr
