@@ -54,7 +54,7 @@ from resultstore.vocabulary import Basis, Metric, Site
 
 __all__ = ["EDGE", "FEW", "CONCAVE", "LINE_AXES", "MEASURES", "ONE_SEED", "RAW_SHARE", "Ladder", "Optimum", "WidthSlope",
            "READINGS", "fit_ladder", "fit_slope", "interpolate_at", "ladders_from", "null_slope", "paired_replicates",
-           "read_at", "twin_slopes", "vertex"]  # fmt: skip
+           "read_at", "seed_replicates", "twin_slopes", "vertex", "arm_difference"]  # fmt: skip
 
 EDGE, CONCAVE, FEW = "edge", "concave", "few lrs"
 _CODES = ("", EDGE, CONCAVE, FEW)
@@ -189,16 +189,22 @@ def _replicates(ladder: Ladder, b_loss: np.ndarray, b_meas: dict[str, np.ndarray
     return {"x_star": bx, **{k: np.where(inside, read(ladder.x, b_meas[k], bi, bx), math.nan) for k in b_meas}}
 
 
-def paired_replicates(a: Ladder, b: Ladder, n_boot: int, rng: np.random.Generator,
-                      reading: str = "line") -> tuple[dict, dict]:
-    """Both ladders' bootstrap replicates (as ``Optimum.boot``) from one seed draw per replicate
-    (``Ladder.seed_resampled``): twins that share a seed's init and data order are drawn together,
-    so what the seed adds to both cancels in their difference."""
-    pool = np.unique(np.concatenate([*a.seeds, *b.seeds]))
+def seed_replicates(ladders: list[Ladder], n_boot: int, rng: np.random.Generator,
+                    reading: str = "line") -> list[dict]:
+    """Every ladder's bootstrap replicates (as ``Optimum.boot``) from one seed draw per replicate
+    (``Ladder.seed_resampled``): ladders that share a seed's init (and data order) are drawn
+    together, so what the seed adds to all of them cancels in their differences."""
+    pool = np.unique(np.concatenate([s for ladder in ladders for s in ladder.seeds]))
     draws = rng.integers(0, pool.size, size=(n_boot, pool.size))
     counts = (draws[:, :, None] == np.arange(pool.size)).sum(axis=1)
-    return (_replicates(a, *a.seed_resampled(counts, pool), reading),
-            _replicates(b, *b.seed_resampled(counts, pool), reading))
+    return [_replicates(ladder, *ladder.seed_resampled(counts, pool), reading) for ladder in ladders]
+
+
+def paired_replicates(a: Ladder, b: Ladder, n_boot: int, rng: np.random.Generator,
+                      reading: str = "line") -> tuple[dict, dict]:
+    """Twins' replicates, paired by seed (``seed_replicates`` of the two)."""
+    ra, rb = seed_replicates([a, b], n_boot, rng, reading)
+    return ra, rb
 
 
 @dataclass(frozen=True)
@@ -490,3 +496,64 @@ def trials_from(results: Any) -> pl.DataFrame:
         "trial_id", log_top1_share=(pl.col("value") / top_share_null_expr("d_model")).log())
     out = kurt.join(top, on="trial_id", how="left")
     return out.filter(pl.col("final_val_loss").is_not_null() & pl.col("final_val_loss").is_finite())
+
+
+def arm_difference(a: pl.DataFrame, b: pl.DataFrame, x: str = "params_non_embedding", *, n_boot: int = 1000,
+                   seed: int = 0, confidence: float = 0.95, reading: str = "line") -> pl.DataFrame:
+    """Whether a training choice moves the primary contrast's trend: two arms (``trials_from`` of two
+    stores of one design that differ in one choice, e.g. the batch at fixed steps), and per optimiser
+    ``o`` with a twin ``rotated_o`` in both, per line and measure, the slope against log ``x`` of
+    [level_a(o) − level_a(twin)] − [level_b(o) − level_b(twin)], each level read at its own
+    ladder's fitted lr*, over the widths where all four ladders have an optimum. Its interval: per
+    width one seed draw per replicate resamples all four ladders (``seed_replicates``; a seed is
+    the same init in both arms, so what it adds cancels as it does between twins). Columns:
+    ``slope_a`` and ``slope_b`` (each arm's twin contrast, from the same replicates, with
+    intervals), ``difference`` (their difference) with ``difference_low`` / ``_high`` and
+    ``decision``: "larger in a" / "larger in b" where the interval excludes 0, "alike (within
+    ±0.1)" where it lies inside ±0.1, else "undecided"."""
+    rng = np.random.default_rng(seed)
+    keys = [c for c in LINE_AXES if c in a.columns and c in b.columns]
+    arms = []
+    for trials in (a, b):
+        ladders = ladders_from(trials)
+        ids = trials.group_by("tuning_id").agg(pl.col("optimizer", "d_model", x, *keys).first())
+        arms.append({tuple(r[c] for c in ("optimizer", *keys, "d_model")): (ladders[r["tuning_id"]], r[x])
+                     for r in ids.iter_rows(named=True)})  # fmt: skip
+    words = {"grows": "larger in a", "falls": "larger in b", "no growth": "alike (within ±0.1)"}
+    rows = []
+    for key in sorted({k[:-1] for k in arms[0]} & {k[:-1] for k in arms[1]}):
+        o, line = key[0], key[1:]
+        if o.startswith("rotated_"):
+            continue
+        widths = sorted(k[-1] for k in arms[0] if k[:-1] == key)
+        quads, log_n = [], []
+        for d in widths:
+            cells = [arm.get((name, *line, d)) for arm in arms for name in (o, f"rotated_{o}")]
+            if any(c is None for c in cells):
+                continue
+            fits = [fit_ladder(c[0], 0, reading=reading) for c in cells]
+            if any(f.flag for f in fits):
+                continue
+            quads.append((fits, seed_replicates([c[0] for c in cells], n_boot, rng, reading)))
+            log_n.append(math.log(cells[0][1]))
+        if len(quads) < 2:
+            continue
+        u = np.array(log_n)
+        for m in MEASURES:
+            if m not in quads[0][0][0].levels:
+                continue
+            # per width the four levels (a: o, twin; b: o, twin), at the point and per replicate
+            point = np.array([[f.levels[m][0] for f in fits] for fits, _ in quads])
+            reps = [np.stack([r[m] for r in boots], axis=1) for _, boots in quads]
+            ca, cb = point[:, 0] - point[:, 1], point[:, 2] - point[:, 3]
+            sa = fit_slope(u, ca, [r[:, 0] - r[:, 1] for r in reps], confidence)
+            sb = fit_slope(u, cb, [r[:, 2] - r[:, 3] for r in reps], confidence)
+            diff = fit_slope(u, ca - cb, [r[:, 0] - r[:, 1] - r[:, 2] + r[:, 3] for r in reps], confidence)
+            verdict = decide(*diff.ci)
+            word = words.get(verdict.split(",")[0], verdict) + (", by < 0.1" if ", by" in verdict else "")
+            rows.append({"optimizer": f"{o} − rotated_{o}", **dict(zip(keys, line, strict=True)), "measure": WORDS[m],
+                         "reading": reading, "slope_a": sa.slope, "slope_a_low": sa.ci[0], "slope_a_high": sa.ci[1],
+                         "slope_b": sb.slope, "slope_b_low": sb.ci[0], "slope_b_high": sb.ci[1],
+                         "difference": diff.slope, "difference_low": diff.ci[0], "difference_high": diff.ci[1],
+                         "decision": word, "n_widths": diff.n_widths, "boot_kept": diff.boot_kept})  # fmt: skip
+    return pl.from_dicts(rows, infer_schema_length=None) if rows else pl.DataFrame()

@@ -287,6 +287,61 @@ def test_the_twin_contrast_is_paired_by_seed() -> None:
     assert unpaired.slope == pytest.approx(0.15, abs=1e-12) and unpaired.ci[1] - unpaired.ci[0] > 0.1
 
 
+def _arm_trials(slopes: dict[str, float], shared: dict[int, np.ndarray], widths=(64, 128, 256),
+                edge: int | None = None) -> pl.DataFrame:
+    """A trials frame for one arm: per optimiser and width a 4-lr ladder of 3 seeds, the loss a
+    parabola in log lr, the log kurtosis ``slopes[o]`` x log N at every lr plus the seed's offset
+    ``shared[d]`` (centred; the same for every optimiser, and for every arm given the same
+    ``shared``: a seed's init); at width ``edge`` the loss falls to the ladder's end (no optimum)."""
+    rows = []
+    for o, b in slopes.items():
+        for d in widths:
+            n, offsets = 48 * d * d, shared[d] - shared[d].mean()
+            for x in _LRS:
+                loss = 2 - 0.3 * x if d == edge else 2 + 0.3 * (x + 2.3) ** 2
+                for seed, e in enumerate(offsets):
+                    rows.append({"tuning_id": f"{o}-{d}", "optimizer": o, "parametrization": "sp", "d_model": d,
+                                 "lr": 10**x, "seed": seed, "final_val_loss": loss + 0.1 * e,
+                                 "log_kurtosis": b * math.log(n) + e, "params_non_embedding": n})  # fmt: skip
+    return pl.from_dicts(rows)
+
+
+def test_two_arms_differ_by_the_difference_of_their_twin_contrasts_paired_by_seed() -> None:
+    """Arm a's contrast grows by 0.25 per log N, arm b's by 0.05, every ladder carrying the same
+    large seed offsets (sd 0.3, a seed's init in both arms): the difference is 0.20 exactly, each
+    arm's slope is its own, and paired by seed every replicate reads the same, so the interval is
+    the point. Swapping the arms flips the sign and the word; an arm against itself reads 0.
+    A width where one of the four ladders has no optimum drops out."""
+    rng = np.random.default_rng(5)
+    shared = {d: rng.normal(0, 0.3, size=3) for d in (64, 128, 256)}
+    a = _arm_trials({"adam": 0.30, "rotated_adam": 0.05}, shared)
+    b = _arm_trials({"adam": 0.10, "rotated_adam": 0.05}, shared)
+    (row,) = optimum.arm_difference(a, b, n_boot=300).iter_rows(named=True)
+    assert row["optimizer"] == "adam − rotated_adam" and row["parametrization"] == "sp" and row["n_widths"] == 3
+    assert row["slope_a"] == pytest.approx(0.25, abs=1e-12) and row["slope_b"] == pytest.approx(0.05, abs=1e-12)
+    assert row["difference"] == pytest.approx(0.20, abs=1e-12)
+    assert row["difference_low"] == pytest.approx(0.20, abs=1e-9) and row["difference_high"] == pytest.approx(0.20, abs=1e-9)
+    assert row["decision"] == "larger in a"
+    (swapped,) = optimum.arm_difference(b, a, n_boot=300).iter_rows(named=True)
+    assert swapped["difference"] == pytest.approx(-0.20, abs=1e-12) and swapped["decision"] == "larger in b"
+    (same,) = optimum.arm_difference(a, a, n_boot=300).iter_rows(named=True)
+    assert same["difference"] == 0 and abs(same["difference_low"]) < 1e-12 and abs(same["difference_high"]) < 1e-12
+    assert same["decision"] == "alike (within ±0.1)"
+    edged = _arm_trials({"adam": 0.10, "rotated_adam": 0.05}, shared, edge=256)
+    (short,) = optimum.arm_difference(a, edged, n_boot=300).iter_rows(named=True)
+    assert short["n_widths"] == 2 and short["difference"] == pytest.approx(0.20, abs=1e-12)
+
+
+def test_two_arms_with_their_own_seed_noise_read_undecided_or_alike_not_a_difference() -> None:
+    """The same trend in both arms but each with its own seed noise (sd 0.05, not shared): the
+    difference's point is off 0 by the noise only and its interval covers 0."""
+    rng = np.random.default_rng(9)
+    a = _arm_trials({"adam": 0.2, "rotated_adam": 0.05}, {d: rng.normal(0, 0.05, size=3) for d in (64, 128, 256)})
+    b = _arm_trials({"adam": 0.2, "rotated_adam": 0.05}, {d: rng.normal(0, 0.05, size=3) for d in (64, 128, 256)})
+    (row,) = optimum.arm_difference(a, b, n_boot=300).iter_rows(named=True)
+    assert row["difference_low"] <= 0 <= row["difference_high"] and row["decision"] in ("undecided", "alike (within ±0.1)")
+
+
 def test_seed_resampling_weights_each_trial_by_its_seeds_draws() -> None:
     """``Ladder.seed_resampled``: a cell's replicate is its trials weighted by how often each
     one's seed was drawn; a cell none of whose seeds was drawn keeps its plain mean."""

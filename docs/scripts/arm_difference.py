@@ -1,0 +1,24 @@
+"""Whether one training choice moves the twin contrast's trend: two stores of one design that differ
+in one choice (say the batch at fixed steps), each optimiser minus its rotated twin read at every
+ladder's fitted lr*, and the difference of the two arms' slopes in log N with its seed-bootstrap
+interval (analysis.optimum.arm_difference; both readings, line and interpolated).
+
+    python docs/scripts/arm_difference.py STORE_A STORE_B   # e.g. docs/stores/width_fixed_batch_dense docs/stores/width_fixed_steps_dense
+"""
+import sys
+
+from analysis import optimum
+from analysis.load import load
+
+
+def interval(row: dict, name: str) -> str:
+    return f"{row[name]:+.2f} [{row[name + '_low']:+.2f}, {row[name + '_high']:+.2f}]".replace("-", "−")
+
+
+a, b = (optimum.trials_from(load(path)) for path in sys.argv[1:3])
+print(f"a = {sys.argv[1]}\nb = {sys.argv[2]}")
+for reading in optimum.READINGS:
+    for row in optimum.arm_difference(a, b, reading=reading).iter_rows(named=True):
+        print(f"{row['optimizer']} ({row['parametrization']}), {row['measure']}, {reading}: "
+              f"a {interval(row, 'slope_a')}, b {interval(row, 'slope_b')}, "
+              f"a − b {interval(row, 'difference')}: {row['decision']}")
