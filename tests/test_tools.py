@@ -248,3 +248,17 @@ def test_quoted_intervals_names_each_interval_no_report_row_gives(tmp_path: Path
     assert run().stdout.splitlines() == [f"{doc}:1: +9.99 [+9.98, +9.99]", f"{doc}:6: +7.00 [+6.00, +8.00]"]
     missing_start = run("--start", "## Nowhere")
     assert missing_start.returncode == 2 and "--start '## Nowhere': no line of" in missing_start.stderr
+
+
+def test_arm_difference_prints_what_the_documents_quote() -> None:
+    """docs/scripts/arm_difference.py on the two kept fixed-step stores prints the arm differences the
+    README and docs/results.md quote, both readings, each with its verdict."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "POLARS_MAX_THREADS": "1"}
+    out = subprocess.run([sys.executable, str(REPO / "docs/scripts/arm_difference.py"),
+                          str(REPO / "docs/stores/width_fixed_batch_dense"), str(REPO / "docs/stores/width_fixed_steps_dense")],
+                         capture_output=True, text=True, env=env, check=True).stdout  # fmt: skip
+    line = "adam − rotated_adam (sp), kurtosis / null, line: a +0.14 [+0.09, +0.19], b +0.06 [+0.01, +0.12], a − b {}"
+    assert line.format("+0.07 [+0.02, +0.15]: larger in a") in out
+    assert "kurtosis / null, interpolated: a +0.12 [+0.05, +0.19], b +0.07 [−0.00, +0.14], a − b +0.05 [−0.02, +0.10]: undecided" in out
+    quoted = (REPO / "README.md").read_text() + (REPO / "docs/results.md").read_text()
+    assert "+0.07 [+0.02, +0.15]" in quoted and "+0.05 [−0.02, +0.10]" in quoted
