@@ -262,3 +262,6 @@ def test_arm_difference_prints_what_the_documents_quote() -> None:
     assert "kurtosis / null, interpolated: a +0.12 [+0.05, +0.19], b +0.07 [−0.00, +0.14], a − b +0.05 [−0.02, +0.10]: undecided" in out
     quoted = (REPO / "README.md").read_text() + (REPO / "docs/results.md").read_text()
     assert "+0.07 [+0.02, +0.15]" in quoted and "+0.05 [−0.02, +0.10]" in quoted
+    bad = subprocess.run([sys.executable, str(REPO / "docs/scripts/arm_difference.py"), "/no/such/store",
+                          str(REPO / "docs/stores/width_fixed_steps_dense")], capture_output=True, text=True, env=env)
+    assert bad.returncode == 2 and "/no/such/store: no such folder" in bad.stderr and "Traceback" not in bad.stderr

@@ -8,17 +8,28 @@ interval (analysis.optimum.arm_difference; both readings, line and interpolated)
 import sys
 
 from analysis import optimum
-from analysis.load import load
+from analysis.load import NoSweepError, load
 
 
 def interval(row: dict, name: str) -> str:
     return f"{row[name]:+.2f} [{row[name + '_low']:+.2f}, {row[name + '_high']:+.2f}]".replace("-", "−")
 
 
-a, b = (optimum.trials_from(load(path)) for path in sys.argv[1:3])
+if len(sys.argv) != 3:
+    print("usage: python docs/scripts/arm_difference.py STORE_A STORE_B", file=sys.stderr)
+    sys.exit(2)
+try:
+    a, b = (optimum.trials_from(load(path)) for path in sys.argv[1:3])
+except NoSweepError as e:  # a path that holds no sweep: say which, exit 2
+    print(f"arm_difference: {e}", file=sys.stderr)
+    sys.exit(2)
+tables = [optimum.arm_difference(a, b, reading=reading) for reading in optimum.READINGS]
+if not tables[0].height:
+    print("arm_difference: no optimiser has its rotated twin at two widths or more in both stores", file=sys.stderr)
+    sys.exit(1)
 print(f"a = {sys.argv[1]}\nb = {sys.argv[2]}")
-for reading in optimum.READINGS:
-    for row in optimum.arm_difference(a, b, reading=reading).iter_rows(named=True):
+for reading, table in zip(optimum.READINGS, tables):
+    for row in table.iter_rows(named=True):
         print(f"{row['optimizer']} ({row['parametrization']}), {row['measure']}, {reading}: "
               f"a {interval(row, 'slope_a')}, b {interval(row, 'slope_b')}, "
               f"a − b {interval(row, 'difference')}: {row['decision']}")
