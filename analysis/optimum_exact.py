@@ -10,7 +10,7 @@ import math
 import polars as pl
 from resultstore.vocabulary import Metric
 
-from analysis.optimum import LINE_AXES, WORDS
+from analysis.width_trend import LINE_AXES, WORDS
 
 __all__ = ["family_exact", "twin_contrasts"]
 

@@ -76,7 +76,7 @@ def test_no_ladder_no_section(tmp_path: Path) -> None:
 
 def test_the_slope_note_prints_no_empty_interval() -> None:
     """A one-seed slope has no interval: the note gives the slope and why, never "[+nan, +nan]"."""
-    from analysis.optimum import ONE_SEED
+    from analysis.width_trend import ONE_SEED
 
     rows = [{"optimizer": "adam", "parametrization": p, "measure": "kurtosis / null", "slope": 0.74, "slope_low": lo,
              "slope_high": hi, "decision": d, "tokens_per_param": "d 64: 10.0; d 128: 10.0"}

@@ -88,7 +88,7 @@ def _read_names() -> set[str]:
     import analysis.charts.training
     import analysis.charts.versus
     import analysis.queries
-    from analysis import labels, optimum, optimum_exact, query_base, selection
+    from analysis import labels, optimum, optimum_exact, query_base, selection, width_trend
     from analysis.charts import sinks as sink_charts
     from analysis.charts.style import REFERENCES
     from analysis.report import content, fits, privilege, sinks
@@ -102,9 +102,9 @@ def _read_names() -> set[str]:
     for pairs in (selection.COMPUTATION_SITES, [query_base.CONTROL], labels.SITE_NAMES, labels.BASIS_SERIES,
                   [(s, b) for s, b, _ in privilege.SHARE_SITES], [(s, b) for s, (b, _) in privilege.SITES.items()]):
         names |= {n for pair in pairs for n in pair}
-    names |= {*privilege.MEASURES, *privilege.MEASURES.values(), *optimum.MEASURES, *optimum.WORDS, *REFERENCES,
+    names |= {*privilege.MEASURES, *privilege.MEASURES.values(), *optimum.MEASURES, *width_trend.WORDS, *REFERENCES,
               *sinks.MEASURES, sinks.SITE, sinks.BASIS, sinks.UNIFORM, *sink_charts.MEASURE_TITLES}
-    modules = (analysis.queries, selection, optimum, optimum_exact, analysis.attribution, analysis.charts.training,
+    modules = (analysis.queries, selection, optimum, width_trend, optimum_exact, analysis.attribution, analysis.charts.training,
                analysis.charts.size, analysis.charts.optimum, analysis.charts.versus)
     for module in modules:
         for _, fn in inspect.getmembers(module, inspect.isfunction):

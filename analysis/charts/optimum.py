@@ -16,7 +16,7 @@ import polars as pl
 
 from analysis.charts.layers import titled
 from analysis.charts.style import OPTIMIZER_COLORS, PANEL_WIDTH, lr_axis, optimizer_scale
-from analysis.optimum import LINE_AXES
+from analysis.width_trend import LINE_AXES
 from resultstore.vocabulary import Metric
 
 __all__ = ["level_along_ladder", "level_at_optimum", "ladder_cells"]
@@ -52,7 +52,7 @@ def level_along_ladder(
     title: str = "Kurtosis / null along the lr ladder, by width", caption: str | None = None,
     confidence: float = 0.95, configure: bool = True,
 ) -> Any:
-    """``cells`` (``ladder_cells``) and ``levels`` (``optimum.optimum_tables``' first table): lines
+    """``cells`` (``ladder_cells``) and ``levels`` (``width_trend.optimum_tables``' first table): lines
     per width (seed geometric means, bars: seed t-intervals), a diamond at each width's fitted lr*
     and level there (bars: its bootstrap interval in both directions), the null (1) dashed; one
     panel per optimiser, x independent (each optimiser's ladder), y shared (levels comparable)."""
@@ -130,7 +130,7 @@ _PARAMETRIZATIONS = {"sp": "SP", "mup": "muP"}
 def level_at_optimum(levels: pl.DataFrame, x: str = "params_non_embedding", *, confidence: float = 0.95,
                      n_boot: int | None = None, title: str = "The level at each width's fitted loss-optimal lr",
                      caption: str | None = None, configure: bool = True) -> Any:
-    """``levels`` (``optimum.optimum_tables``' first table): per optimiser, the level at each width's
+    """``levels`` (``width_trend.optimum_tables``' first table): per optimiser, the level at each width's
     lr* against ``x`` (both log), bars its seed-bootstrap interval (a hollow point: a ladder of one
     seed, no interval); one row of panels per measure (``AT_OPTIMUM``: kurtosis / null, and the raw
     top-1 share, where a coordinate holding a fixed share is flat), one column per parametrization

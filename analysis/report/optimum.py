@@ -18,7 +18,7 @@ import math
 
 import polars as pl
 
-from analysis import optimum, optimum_exact
+from analysis import optimum, optimum_exact, width_trend
 from analysis.charts.optimum import ladder_cells, level_along_ladder, level_at_optimum
 from analysis.report.section import Context, Options, Section
 from resultstore.vocabulary import Basis, Metric, Site
@@ -31,11 +31,11 @@ def add(ctx: Context) -> None:
     if not ctx.tuned or (Site.RESID, Basis.STORED, Metric.KURTOSIS) not in ctx.have:
         return
     ctx.say("reading each ladder at its fitted loss-optimal lr")
-    trials = optimum.trials_from(ctx.results)
+    trials = width_trend.trials_from(ctx.results)
     if trials.height == 0:
         return
     o = ctx.options
-    levels, slopes = optimum.optimum_tables(trials, ctx.x, n_boot=o.n_boot, seed=o.seed, confidence=o.confidence)
+    levels, slopes = width_trend.optimum_tables(trials, ctx.x, n_boot=o.n_boot, seed=o.seed, confidence=o.confidence)
     levels, slopes = with_interpolated(trials, levels, slopes, ctx.x, o)
     ctx.table("optimum", levels)
     ctx.table("optimum_slopes", slopes)
@@ -70,7 +70,7 @@ def with_interpolated(trials: pl.DataFrame, levels: pl.DataFrame, slopes: pl.Dat
     draws (the reading draws no random numbers)."""
     if not levels.height:
         return levels, slopes
-    lv, sl = optimum.optimum_tables(trials, x, n_boot=o.n_boot, seed=o.seed, confidence=o.confidence,
+    lv, sl = width_trend.optimum_tables(trials, x, n_boot=o.n_boot, seed=o.seed, confidence=o.confidence,
                                     reading="interpolated")  # fmt: skip
     keys = {"tuning_id": (levels, lv), "optimizer": (slopes, sl), "measure": (slopes, sl)}
     for key, (a, b) in keys.items():
@@ -107,7 +107,7 @@ def slope_note(slopes: pl.DataFrame) -> str:
     """The slopes against log N at the fitted optimum, per line and measure, with their decisions."""
     if not slopes.height:
         return ""
-    vary = [a for a in optimum.LINE_AXES if a in slopes.columns and slopes.get_column(a).drop_nulls().n_unique() > 1]
+    vary = [a for a in width_trend.LINE_AXES if a in slopes.columns and slopes.get_column(a).drop_nulls().n_unique() > 1]
     def interval(r: dict) -> str:
         return f" [{r['slope_low']:+.3f}, {r['slope_high']:+.3f}]" if math.isfinite(r["slope_low"]) else ""
 
@@ -115,10 +115,10 @@ def slope_note(slopes: pl.DataFrame) -> str:
              f"{r['slope']:+.3f}{interval(r)} {r['decision']}"
              for r in slopes.filter(pl.col("slope").is_not_nan()).iter_rows(named=True)]  # fmt: skip
     tpp = slopes.get_column("tokens_per_param")[0]
-    raw = (f" The {optimum.RAW_SHARE} rows are width-free: the slope of log(raw top-1 share), that of share / null plus "
+    raw = (f" The {width_trend.RAW_SHARE} rows are width-free: the slope of log(raw top-1 share), that of share / null plus "
            "the null's own (null_slope): the null falls with width, so a coordinate holding a fixed share reads a "
            "rising share / null and 0 here. For a twin contrast: the optimiser's raw-share slope less its twin's slope "
-           "over the null." if (slopes.get_column("measure") == optimum.RAW_SHARE).any() else "")
+           "over the null." if (slopes.get_column("measure") == width_trend.RAW_SHARE).any() else "")
     return ("Slopes of log(level / null) against log N at each width's fitted loss-optimal lr (optimum_slopes.csv; "
             "percentile seed-bootstrap intervals; an interval excluding 0 decides growth (a fall), one inside "
             f"±0.1 no growth (both: by < 0.1), otherwise undecided; tokens per parameter {tpp}): " + "; ".join(parts)

@@ -1,13 +1,13 @@
 """Whether one training choice moves the twin contrast's trend: two stores of one design that differ
 in one choice (say the batch at fixed steps), each optimiser minus its rotated twin read at every
 ladder's fitted lr*, and the difference of the two arms' slopes in log N with its seed-bootstrap
-interval (analysis.optimum.arm_difference; both readings, line and interpolated).
+interval (analysis.width_trend.arm_difference; both readings, line and interpolated).
 
     python docs/scripts/arm_difference.py STORE_A STORE_B   # e.g. docs/stores/width_fixed_batch_dense docs/stores/width_fixed_steps_dense
 """
 import sys
 
-from analysis import optimum
+from analysis import optimum, width_trend
 from analysis.load import NoSweepError, load
 
 
@@ -19,11 +19,11 @@ if len(sys.argv) != 3:
     print("usage: python docs/scripts/arm_difference.py STORE_A STORE_B", file=sys.stderr)
     sys.exit(2)
 try:
-    a, b = (optimum.trials_from(load(path)) for path in sys.argv[1:3])
+    a, b = (width_trend.trials_from(load(path)) for path in sys.argv[1:3])
 except NoSweepError as e:  # a path that holds no sweep: say which, exit 2
     print(f"arm_difference: {e}", file=sys.stderr)
     sys.exit(2)
-tables = [optimum.arm_difference(a, b, reading=reading) for reading in optimum.READINGS]
+tables = [width_trend.arm_difference(a, b, reading=reading) for reading in optimum.READINGS]
 if not tables[0].height:
     print("arm_difference: no optimiser has its rotated twin at two widths or more in both stores", file=sys.stderr)
     sys.exit(1)
