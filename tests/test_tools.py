@@ -224,18 +224,23 @@ def test_gpu_run_plumbing_on_the_cpu(tmp_path: Path) -> None:
 
 
 def test_quoted_intervals_names_each_interval_no_report_row_gives(tmp_path: Path) -> None:
-    """tools/quoted_intervals.py: a quote a report row prints passes (either reading, twins too, "-" or "−"),
-    a quote 0.01 off is named with its line, and lines outside --start/--stop are not read."""
+    """tools/quoted_intervals.py: a quote a report row prints passes (either reading, twins too, "-" or "−",
+    and an arm difference's rows written beside the report), a quote 0.01 off is named with its line, and
+    lines outside --start/--stop are not read."""
     report = tmp_path / "report"
     report.mkdir()
     pl.DataFrame({"slope": [0.1647], "slope_low": [0.1521], "slope_high": [0.1867],
                   "slope_interpolated": [-0.0261], "slope_low_interpolated": [-0.0436],
                   "slope_high_interpolated": [-0.0079]}).write_csv(report / "optimum_slopes.csv")
     pl.DataFrame({"difference": [1.28], "ci_low": [0.88], "ci_high": [1.68]}).write_csv(report / "twins.csv")
+    pl.DataFrame({"difference": [0.702], "difference_low": [0.551], "difference_high": [0.873], "slope_a": [0.84],
+                  "slope_a_low": [0.66], "slope_a_high": [1.05], "slope_b": [0.14], "slope_b_low": [0.09],
+                  "slope_b_high": [0.19]}).write_csv(report / "arm_difference_steps.csv")  # fmt: skip
     doc = tmp_path / "doc.md"
     doc.write_text("+9.99 [+9.98, +9.99] before the section\n## Width\n"
                    "line +0.16 [+0.15, +0.19]; interpolated −0.03 [−0.04, −0.01], ascii -0.03 [-0.04, -0.01]\n"
-                   "twin log +1.28 [+0.88, +1.68]; drifted +0.17 [+0.15, +0.19]\n## Next\n+7.00 [+6.00, +8.00]\n")
+                   "twin log +1.28 [+0.88, +1.68]; drifted +0.17 [+0.15, +0.19]; arms +0.70 [+0.55, +0.87], a +0.84 "
+                   "[+0.66, +1.05], b +0.14 [+0.09, +0.19]\n## Next\n+7.00 [+6.00, +8.00]\n")
 
     def run(*extra: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, str(REPO / "tools/quoted_intervals.py"), str(doc), str(report), *extra],
@@ -243,6 +248,9 @@ def test_quoted_intervals_names_each_interval_no_report_row_gives(tmp_path: Path
 
     named = run("--start", "## Width", "--stop", "## Next")
     assert named.returncode == 1 and named.stdout.splitlines() == [f"{doc}:4: +0.17 [+0.15, +0.19]"]
+    (report / "arm_difference_steps.csv").rename(report / "arms.csv")  # not an arm_difference*.csv: not read
+    assert run("--start", "## Width", "--stop", "## Next").stdout.count("\n") == 1 + 3
+    (report / "arms.csv").rename(report / "arm_difference_steps.csv")
     doc.write_text(doc.read_text().replace("drifted +0.17", "drifted +0.16"))
     assert run("--start", "## Width", "--stop", "## Next").returncode == 0
     assert run().stdout.splitlines() == [f"{doc}:1: +9.99 [+9.98, +9.99]", f"{doc}:6: +7.00 [+6.00, +8.00]"]
@@ -250,7 +258,7 @@ def test_quoted_intervals_names_each_interval_no_report_row_gives(tmp_path: Path
     assert missing_start.returncode == 2 and "--start '## Nowhere': no line of" in missing_start.stderr
 
 
-def test_arm_difference_prints_what_the_documents_quote() -> None:
+def test_arm_difference_prints_what_the_documents_quote(tmp_path: Path) -> None:
     """docs/scripts/arm_difference.py on the two kept fixed-step stores prints the arm differences the
     README and docs/results.md quote, both readings, each with its verdict."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "POLARS_MAX_THREADS": "1"}
@@ -262,6 +270,21 @@ def test_arm_difference_prints_what_the_documents_quote() -> None:
     assert "kurtosis / null, interpolated: a +0.12 [+0.05, +0.19], b +0.07 [−0.00, +0.14], a − b +0.05 [−0.02, +0.10]: undecided" in out
     quoted = (REPO / "README.md").read_text() + (REPO / "docs/results.md").read_text()
     assert "+0.07 [+0.02, +0.15]" in quoted and "+0.05 [−0.02, +0.10]" in quoted
+    # OUT_CSV: both readings' rows, which tools/quoted_intervals.py reads; the steps' share the documents quote
+    csv = tmp_path / "arm_difference_steps.csv"
+    steps = subprocess.run([sys.executable, str(REPO / "docs/scripts/arm_difference.py"), str(REPO / "docs/stores/width_dense"),
+                            str(REPO / "docs/stores/width_fixed_batch_dense"), str(csv)],
+                           capture_output=True, text=True, env=env, check=True).stdout  # fmt: skip
+    assert "kurtosis / null, line: a +0.84 [+0.66, +1.05], b +0.14 [+0.09, +0.19], a − b +0.70 [+0.55, +0.87]: larger in a" in steps
+    rows = pl.read_csv(csv).filter(pl.col("measure") == "kurtosis / null").sort("reading")
+    assert rows.get_column("reading").to_list() == ["interpolated", "line"]
+    assert [f"{v:+.2f}" for v in rows.get_column("difference")] == ["+0.85", "+0.70"]
+    assert "+0.70 [+0.55, +0.87]" in quoted and "+0.85 [+0.63, +0.93]" in quoted
     bad = subprocess.run([sys.executable, str(REPO / "docs/scripts/arm_difference.py"), "/no/such/store",
                           str(REPO / "docs/stores/width_fixed_steps_dense")], capture_output=True, text=True, env=env)
     assert bad.returncode == 2 and "/no/such/store: no such folder" in bad.stderr and "Traceback" not in bad.stderr
+    nowhere = subprocess.run([sys.executable, str(REPO / "docs/scripts/arm_difference.py"), str(REPO / "docs/stores/width_dense"),
+                              str(REPO / "docs/stores/width_fixed_batch_dense"), str(tmp_path / "no" / "x.csv")],
+                             capture_output=True, text=True, env=env)  # fmt: skip
+    assert nowhere.returncode == 2 and f"OUT_CSV {tmp_path / 'no' / 'x.csv'}: " in nowhere.stderr
+    assert "Traceback" not in nowhere.stderr and not (tmp_path / "no").exists()

@@ -2,10 +2,11 @@
 
     python tools/quoted_intervals.py DOC REPORT_DIR [REPORT_DIR ...] [--start TEXT] [--stop TEXT]
 
-Reads each report's optimum_slopes.csv (both readings) and twins.csv, formats every slope and paired
-difference as the documents print them (two decimals, signed, Unicode minus), and prints each quoted
-interval between the first line holding TEXT (--start) and the next holding --stop that no row gives,
-with its line number. Exit 1 when any is left: a number the report no longer reproduces (often
+Reads each report's optimum_slopes.csv (both readings) and twins.csv, and any arm_difference*.csv
+(`docs/scripts/arm_difference.py A B OUT_CSV`: each arm's slope and their difference, both readings),
+formats every slope and paired difference as the documents print them (two decimals, signed,
+Unicode minus), and prints each quoted interval between the first line holding TEXT (--start) and
+the next holding --stop that no row gives, with its line number. Exit 1 when any is left: a number the report no longer reproduces (often
 0.01 of drift: the bootstrap draws every ladder from one stream, so trials joining a store move
 other ladders' intervals). Unsigned intervals (levels, lr*) are not checked.
 """
@@ -21,7 +22,9 @@ import polars as pl
 INTERVAL = re.compile(r"[+−-]\d+\.\d\d \[[+−-]\d+\.\d\d, [+−-]\d+\.\d\d\]")
 COLUMNS = {"optimum_slopes.csv": [("slope", "slope_low", "slope_high"),
                                   ("slope_interpolated", "slope_low_interpolated", "slope_high_interpolated")],
-           "twins.csv": [("difference", "ci_low", "ci_high")]}
+           "twins.csv": [("difference", "ci_low", "ci_high")],
+           "arm_difference*.csv": [("difference", "difference_low", "difference_high"),
+                                   ("slope_a", "slope_a_low", "slope_a_high"), ("slope_b", "slope_b_low", "slope_b_high")]}
 
 
 def printed(value: float, low: float, high: float) -> str:
@@ -32,10 +35,11 @@ def reproduced(report_dirs: list[Path]) -> set[str]:
     out = set()
     for folder in report_dirs:
         for name, triples in COLUMNS.items():
-            table = pl.read_csv(folder / name) if (folder / name).exists() else pl.DataFrame()
-            for cols in triples:
-                if all(c in table.columns for c in cols):
-                    out |= {printed(*row) for row in table.select(cols).drop_nulls().drop_nans().iter_rows()}
+            for path in sorted(folder.glob(name)):
+                table = pl.read_csv(path)
+                for cols in triples:
+                    if all(c in table.columns for c in cols):
+                        out |= {printed(*row) for row in table.select(cols).drop_nulls().drop_nans().iter_rows()}
     return out
 
 
