@@ -161,7 +161,8 @@ def test_two_arms_differ_by_the_difference_of_their_twin_contrasts_paired_by_see
     large seed offsets (sd 0.3, a seed's init in both arms): the difference is 0.20 exactly, each
     arm's slope is its own, and paired by seed every replicate reads the same, so the interval is
     the point. Swapping the arms flips the sign and the word; an arm against itself reads 0.
-    A width where one of the four ladders has no optimum drops out."""
+    A width where one of the four ladders has no optimum drops out, and with it the row where fewer
+    than two widths are left."""
     rng = np.random.default_rng(5)
     shared = {d: rng.normal(0, 0.3, size=3) for d in (64, 128, 256)}
     a = _arm_trials({"adam": 0.30, "rotated_adam": 0.05}, shared)
@@ -180,6 +181,11 @@ def test_two_arms_differ_by_the_difference_of_their_twin_contrasts_paired_by_see
     edged = _arm_trials({"adam": 0.10, "rotated_adam": 0.05}, shared, edge=256)
     (short,) = width_trend.arm_difference(a, edged, n_boot=300).iter_rows(named=True)
     assert short["n_widths"] == 2 and short["difference"] == pytest.approx(0.20, abs=1e-12)
+    # two widths, one without an optimum: no slope to read, so no row (not a row of NaN)
+    two = {64: shared[64], 128: shared[128]}
+    lone = _arm_trials({"adam": 0.10, "rotated_adam": 0.05}, two, widths=(64, 128), edge=128)
+    assert width_trend.arm_difference(_arm_trials({"adam": 0.30, "rotated_adam": 0.05}, two, widths=(64, 128)), lone,
+                                      n_boot=50).height == 0  # fmt: skip
 
 
 def test_two_arms_with_their_own_seed_noise_read_undecided_or_alike_not_a_difference() -> None:
